@@ -1,0 +1,39 @@
+# Every target installs what it needs into .venv first, so each works on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch lies on this machine's disk; point pip at it so no other build is fetched.
+WHEELS := $(wildcard /opt/wheels)
+PIP_FLAGS := $(if $(WHEELS),--find-links $(WHEELS),)
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-fast bench lint typecheck clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(PIP_FLAGS) -e '.[torch,test,dev]'
+	touch $(STAMP)
+
+demo: install
+	$(PY) examples/demo.py
+
+test: install
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+bench: install
+	$(PY) -m aiodist.bench --compare gloo
+
+lint: install
+	$(PY) -m ruff check aiodist tests examples
+
+typecheck: install
+	$(PY) -m mypy
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

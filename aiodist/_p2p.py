@@ -1,0 +1,92 @@
+"""Point-to-point operations and barrier of the async face.
+
+Each call starts the operation at once and returns its ``Work``; ``await`` it for the result
+(None, or the sender's rank for ``recv``). Ranks are global ranks, as in torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiodist._world import resolve_group
+from aiodist.errors import DistTypeError, DistValueError
+from aiodist.work import Work
+
+__all__ = ["P2POp", "barrier", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
+
+
+def send(tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: float | None = None) -> Work:
+    """Send ``tensor`` to global rank ``dst``.
+
+    The Work completes once ``tensor`` may be modified again. Messages from one rank to
+    another with one tag arrive in the order they were sent.
+    """
+    return resolve_group(group).send(tensor, dst, tag, timeout)
+
+
+def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, *,
+         timeout: float | None = None) -> Work:
+    """Receive into ``tensor`` from global rank ``src`` (None: from any member of the group).
+
+    The Work's result is the sender's global rank. On timeout the receive is withdrawn.
+    """
+    return resolve_group(group).recv(tensor, src, tag, timeout)
+
+
+def isend(tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: float | None = None) -> Work:
+    """Same as ``send`` (every operation of the async face is non-blocking)."""
+    return resolve_group(group).send(tensor, dst, tag, timeout)
+
+
+def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, *,
+          timeout: float | None = None) -> Work:
+    """Same as ``recv`` (every operation of the async face is non-blocking)."""
+    return resolve_group(group).recv(tensor, src, tag, timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class P2POp:
+    """One operation of ``batch_isend_irecv``: ``P2POp(dist.isend, tensor, peer)``."""
+
+    op: Callable[..., Any]
+    tensor: Any
+    peer: int | None = None
+    group: Any = None
+    tag: int = 0
+
+    def __post_init__(self) -> None:
+        if _direction(self.op) is None:
+            raise DistTypeError("P2POp.op must be isend or irecv (of aiodist, aiodist.sync or torch.distributed)")
+        if self.peer is None and _direction(self.op) == "send":
+            raise DistValueError("P2POp with isend needs a peer")
+
+
+def _direction(op: Callable[..., Any]) -> str | None:
+    name = getattr(op, "__name__", "")
+    if name in ("isend", "send"):
+        return "send"
+    if name in ("irecv", "recv"):
+        return "recv"
+    return None
+
+
+def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
+    """Start every operation of the list at once; returns their Works in the same order."""
+    if not isinstance(p2p_op_list, Sequence) or not all(isinstance(p, P2POp) for p in p2p_op_list):
+        raise DistTypeError("batch_isend_irecv takes a list of P2POp")
+    works = []
+    for p in p2p_op_list:
+        g = resolve_group(p.group)
+        if _direction(p.op) == "send":
+            assert p.peer is not None
+            works.append(g.send(p.tensor, p.peer, p.tag))
+        else:
+            works.append(g.recv(p.tensor, p.peer, p.tag))
+    return works
+
+
+def barrier(group: Any = None, *, timeout: float | None = None) -> Work:
+    """Complete once every member of ``group`` has entered the barrier."""
+    return resolve_group(group).barrier(timeout)

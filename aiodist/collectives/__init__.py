@@ -1,0 +1,1 @@
+"""Collective algorithms, written only against ``OpContext`` (and so against transport/base.py)."""

@@ -1,0 +1,59 @@
+"""``OpContext``: everything an algorithm sees of one collective operation.
+
+Peers are addressed by their rank *in the group*; the context maps them to global ranks
+and stamps every message with the operation's key (group, sequence number) and
+fingerprint, so concurrent operations never see each other's data and ranks that disagree
+about the operation are caught when their data meets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+
+import numpy as np
+
+from aiodist.transport.base import Fingerprint, Key, Transport
+
+__all__ = ["OpContext", "byte_view"]
+
+
+def byte_view(arr: np.ndarray) -> memoryview:
+    """A flat writable-if-possible byte view of a C-contiguous array (any dtype, bfloat16 too)."""
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+class OpContext:
+    """One collective operation as seen by the algorithm running it on this rank.
+
+    Attributes:
+        rank: this process's rank in the group.
+        size: the group's size.
+        loop: the event loop the operation runs on.
+    """
+
+    __slots__ = ("fp", "key", "loop", "rank", "ranks", "size", "transport")
+
+    def __init__(self, transport: Transport, ranks: Sequence[int], rank: int, key: Key, fp: Fingerprint | None) -> None:
+        self.transport = transport
+        self.ranks = ranks
+        self.rank = rank
+        self.size = len(ranks)
+        self.key = key
+        self.fp = fp
+        self.loop = transport.loop
+
+    def send(self, peer: int, buf: memoryview) -> Awaitable[None]:
+        """Queue ``buf`` for group rank ``peer`` now; await it before reusing ``buf``."""
+        return self.transport.send(self.ranks[peer], self.key, buf, self.fp)
+
+    def recv(self, peer: int, buf: memoryview) -> asyncio.Future[int]:
+        """Post a receive of exactly ``buf.nbytes`` bytes from group rank ``peer`` into ``buf``."""
+        return self.transport.recv(self.ranks[peer], self.key, buf, self.fp)
+
+    async def sendrecv(self, dst: int, sbuf: memoryview, src: int, rbuf: memoryview) -> None:
+        """Send to ``dst`` and receive from ``src`` at once; return when both are done."""
+        r = self.recv(src, rbuf)
+        s = self.send(dst, sbuf)
+        await s
+        await r

@@ -1,0 +1,265 @@
+"""``ProcessGroup``: rank maps, operation keys, validation, timeouts and failure, dispatch.
+
+A group is a subset of the job's global ranks sharing one transport. Every collective takes
+the group's next sequence number, which becomes its message key on every rank (collectives
+on a group are matched across ranks by call order, as in torch); point-to-point messages
+are keyed by the user's tag. Each started operation is tracked until it ends, so that a
+timeout fails that one operation (and abandons its key: stale data arriving later is
+dropped) while a lost peer fails them all and breaks the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
+
+from aiodist import _tensors
+from aiodist.collectives.barrier import barrier as _barrier_algo
+from aiodist.collectives.context import OpContext, byte_view
+from aiodist.errors import DistError, DistNetworkError, DistTimeoutError, DistTypeError, DistValueError
+from aiodist.ops import dtype_name
+from aiodist.transport.base import COLL, P2P, Fingerprint, Key, Transport
+from aiodist.work import Work
+
+__all__ = ["ProcessGroup"]
+
+
+class _Op:
+    """Bookkeeping of one in-flight operation."""
+
+    __slots__ = ("cleanup", "error", "future", "is_task", "key", "name", "timer")
+
+    def __init__(self, name: str, key: Key) -> None:
+        self.name = name
+        self.key = key
+        self.future: asyncio.Future[Any] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.error: BaseException | None = None
+        self.is_task = False
+        self.cleanup: Callable[[], None] | None = None
+
+
+def _describe_ranks(ranks: Sequence[int | None]) -> str:
+    names = ["any source" if r is None else str(r) for r in ranks]
+    if not names:
+        return "no rank (the operation was still sending)"
+    return ("rank " if len(names) == 1 else "ranks ") + ", ".join(names)
+
+
+class ProcessGroup:
+    """A group of global ranks over one transport.
+
+    Args:
+        transport: the job's transport (shared by every group of the job).
+        ranks: the group's members as global ranks, in group-rank order.
+        gid: the group's id, equal on every rank (keys its messages apart from other groups').
+        timeout: seconds every operation may take before it fails with ``DistTimeoutError``.
+        backend: the name ``get_backend`` reports.
+    """
+
+    def __init__(self, transport: Transport, ranks: Sequence[int], gid: int, *, timeout: float,
+                 backend: str = "tcp", name: str = "") -> None:
+        self.transport = transport
+        self.loop = transport.loop
+        self.ranks: tuple[int, ...] = tuple(ranks)
+        self.gid = gid
+        self.timeout = timeout
+        self.backend = backend
+        self.name = name or ("default group" if gid == 0 else f"group {gid}")
+        self._group_rank = {g: i for i, g in enumerate(self.ranks)}
+        if len(self._group_rank) != len(self.ranks):
+            raise DistValueError(f"ranks {list(ranks)} contain duplicates")
+        self.rank = self._group_rank.get(transport.rank, -1)
+        self.size = len(self.ranks)
+        self.global_rank = transport.rank
+        self._seq = 0
+        self.broken: DistError | None = None
+        self._inflight: dict[asyncio.Future[Any], _Op] = {}
+        if self.rank >= 0:
+            transport.add_peer_lost_listener(self._on_peer_lost)
+            transport.add_key_failed_listener(self._on_key_failed)
+
+    def __repr__(self) -> str:
+        return f"<ProcessGroup {self.name} ranks={list(self.ranks)} rank={self.rank}>"
+
+    # -- rank maps ----------------------------------------------------------------------
+    def group_rank(self, global_rank: int, arg: str = "rank") -> int:
+        """The group rank of ``global_rank``; ``DistValueError`` naming ``arg`` if not a member."""
+        if not isinstance(global_rank, int) or isinstance(global_rank, bool):
+            raise DistTypeError(f"{arg} must be an int global rank, got {type(global_rank).__name__}")
+        try:
+            return self._group_rank[global_rank]
+        except KeyError:
+            raise DistValueError(f"{arg}={global_rank} is not a member of {self.name} (ranks {list(self.ranks)})") from None
+
+    def is_member(self) -> bool:
+        return self.rank >= 0
+
+    # -- lifecycle / failure ------------------------------------------------------------
+    def check_usable(self, what: str) -> None:
+        if self.rank < 0:
+            raise DistValueError(
+                f"{what}: global rank {self.global_rank} is not a member of {self.name} (ranks {list(self.ranks)})"
+            )
+        if self.broken is not None:
+            err = type(self.broken)(f"{what} on rank {self.global_rank}: {self.name} is broken: {self.broken}")
+            raise err from self.broken
+
+    def _on_peer_lost(self, peer: int, exc: DistNetworkError) -> None:
+        if peer not in self._group_rank or self.broken is not None:
+            return
+        self.broken = exc
+        for op in list(self._inflight.values()):
+            err = DistNetworkError(f"{op.name} on rank {self.global_rank} failed: {exc}")
+            err.__cause__ = exc
+            self._fail(op, err)
+
+    def _on_key_failed(self, key: Key, exc: BaseException) -> None:
+        if key[0] != self.gid:
+            return
+        for op in list(self._inflight.values()):
+            if op.key == key:
+                self._fail(op, exc)
+
+    def abort(self, reason: str = "the process group was destroyed") -> None:
+        """Fail every in-flight operation and refuse later ones."""
+        if self.broken is None:
+            self.broken = DistError(reason)
+        for op in list(self._inflight.values()):
+            self._fail(op, DistError(f"{op.name} on rank {self.global_rank}: {reason}"))
+        self.transport.remove_peer_lost_listener(self._on_peer_lost)
+        self.transport.remove_key_failed_listener(self._on_key_failed)
+
+    # -- operation tracking ---------------------------------------------------------------
+    def _track(self, op: _Op, fut: asyncio.Future[Any], timeout: float | None) -> None:
+        op.future = fut
+        self._inflight[fut] = op
+        t = self.timeout if timeout is None else timeout
+        if t is not None and t > 0 and t != float("inf"):
+            op.timer = self.loop.call_later(t, self._timed_out, op, t)
+        fut.add_done_callback(self._untrack)
+
+    def _untrack(self, fut: asyncio.Future[Any]) -> None:
+        op = self._inflight.pop(fut, None)
+        if op is not None and op.timer is not None:
+            op.timer.cancel()
+
+    def _timed_out(self, op: _Op, t: float) -> None:
+        waiting = self.transport.mailbox.waiting_on(op.key)
+        err = DistTimeoutError(
+            f"{op.name} on rank {self.global_rank} ({self.name}) timed out after {t:g} s "
+            f"waiting for data from {_describe_ranks(waiting)}"
+        )
+        self._fail(op, err)
+
+    def _fail(self, op: _Op, err: BaseException) -> None:
+        fut = op.future
+        if fut is None or fut.done():
+            return
+        if op.cleanup is not None:
+            op.cleanup()
+        if op.is_task:
+            op.error = err
+            fut.cancel()
+        else:
+            fut.set_exception(err)
+
+    def start(self, name: str, key: Key, coro: Coroutine[Any, Any, Any], timeout: float | None = None,
+              abandon_on_error: bool = True) -> Work:
+        """Run ``coro`` as the operation ``name`` with message key ``key``; return its Work."""
+        op = _Op(name, key)
+        op.is_task = True
+        task = self.loop.create_task(self._body(op, coro, abandon_on_error))
+        self._track(op, task, timeout)
+        return Work(task, name)
+
+    async def _body(self, op: _Op, coro: Coroutine[Any, Any, Any], abandon_on_error: bool) -> Any:
+        try:
+            return await coro
+        except asyncio.CancelledError:
+            if op.error is not None:
+                if abandon_on_error:
+                    self.transport.abandon(op.key)
+                raise op.error from None
+            raise
+        except BaseException:
+            if abandon_on_error:
+                self.transport.abandon(op.key)
+            raise
+
+    def _watch(self, name: str, key: Key, fut: asyncio.Future[Any], timeout: float | None,
+               cleanup: Callable[[], None] | None = None) -> Work:
+        """Track a plain future (a posted receive, a pending send) as an operation."""
+        if fut.done():
+            return Work(fut, name)
+        op = _Op(name, key)
+        op.cleanup = cleanup
+        self._track(op, fut, timeout)
+        return Work(fut, name)
+
+    # -- point-to-point -------------------------------------------------------------------
+    def _peer(self, rank: Any, arg: str, what: str) -> int:
+        self.group_rank(rank, arg)
+        if rank == self.global_rank:
+            raise DistValueError(f"{what}: {arg}={rank} is this process's own rank")
+        return int(rank)
+
+    @staticmethod
+    def _check_tag(tag: Any) -> int:
+        if not isinstance(tag, int) or isinstance(tag, bool):
+            raise DistTypeError(f"tag must be an int, got {type(tag).__name__}")
+        return tag
+
+    def send(self, tensor: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Work:
+        """Send ``tensor`` to global rank ``dst``. Completes when ``tensor`` may be reused."""
+        self.check_usable("send")
+        dst = self._peer(dst, "dst", "send")
+        tag = self._check_tag(tag)
+        arr = _tensors.as_array(tensor, arg="tensor", writable=False)
+        key = (self.gid, P2P, tag)
+        fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
+        name = f"send to rank {dst} (tag {tag})"
+        try:
+            sent = self.transport.send(dst, key, byte_view(arr), fp)
+        except DistError as exc:
+            return Work.failed(self.loop, name, exc)
+        if isinstance(sent, asyncio.Future):
+            return self._watch(name, key, sent, timeout)
+        return self.start(name, key, _await(sent), timeout, abandon_on_error=False)
+
+    def recv(self, tensor: Any, src: int | None = None, tag: int = 0, timeout: float | None = None) -> Work:
+        """Receive into ``tensor`` from global rank ``src`` (None: any member). Result: the sender."""
+        self.check_usable("recv")
+        if src is not None:
+            src = self._peer(src, "src", "recv")
+        tag = self._check_tag(tag)
+        arr = _tensors.as_array(tensor, arg="tensor", writable=True)
+        key = (self.gid, P2P, tag)
+        fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
+        name = f"recv from {'any rank' if src is None else f'rank {src}'} (tag {tag})"
+        fut = self.transport.recv(src, key, byte_view(arr), fp)
+        return self._watch(name, key, fut, timeout, cleanup=lambda: self.transport.cancel_recv(fut))
+
+    # -- collectives ----------------------------------------------------------------------
+    def next_op(self, name: str, *, dtype: str = "", count: int = 0, root: int = -1,
+                redop: str | None = None) -> OpContext:
+        """Take the next sequence number for collective ``name`` and build its context."""
+        self.check_usable(name)
+        seq = self._seq
+        self._seq += 1
+        key = (self.gid, COLL, seq)
+        return OpContext(self.transport, self.ranks, self.rank, key, [name, seq, dtype, count, root, redop])
+
+    def collective(self, ctx: OpContext, coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Work:
+        """Start the algorithm ``coro`` for the operation described by ``ctx``."""
+        assert ctx.fp is not None
+        return self.start(f"{ctx.fp[0]} #{ctx.fp[1]}", ctx.key, coro, timeout)
+
+    def barrier(self, timeout: float | None = None) -> Work:
+        ctx = self.next_op("barrier")
+        return self.collective(ctx, _barrier_algo(ctx), timeout)
+
+
+async def _await(aw: Awaitable[Any]) -> Any:
+    return await aw

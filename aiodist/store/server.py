@@ -1,0 +1,508 @@
+"""The TCP store server, and the request/response protocol it speaks with ``TCPStore``.
+
+Protocol (after the handshake of ``aiodist.wire.handshake``, job ``"aiodist-store"``), one
+frame per message, values travelling as the frame payload, never inside msgpack::
+
+    request : [op, rid, keys, lens, arg]      payload = the values, concatenated
+    response: [rid, status, lens, result]     payload = the values, concatenated
+
+``rid`` is chosen by the client and unique per connection, so one connection carries many
+concurrent requests; responses come back in any order. ``status`` is ``"ok"``, ``"timeout"``
+(``result`` lists missing keys), ``"value_error"`` or ``"error"`` (``result`` is a message).
+A ``"cancel"`` request (``arg`` = the rid) withdraws a waiting request and gets no response.
+
+The server survives any client: a connection that breaks the protocol, fails the handshake or
+does not finish it within ``handshake_timeout`` is dropped with one rate-limited warning that
+names the remote address; unauthenticated connections are capped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+from aiodist.errors import DistStoreError, DistValueError
+from aiodist.store.base import INT64_MAX, INT64_MIN
+from aiodist.store.memory import KeyTable
+from aiodist.wire.frames import FrameReader, Limits, ProtocolError, encode_frame
+from aiodist.wire.handshake import AuthError, accept_hello, make_challenge, make_welcome, secret_from_env
+
+__all__ = [
+    "CLIENT_LIMITS",
+    "HANDSHAKE_LIMITS",
+    "JOB",
+    "MAX_KEY_BYTES",
+    "MAX_REQUEST_KEYS",
+    "MAX_VALUE_BYTES",
+    "SERVER_LIMITS",
+    "StoreServer",
+]
+
+log = logging.getLogger("aiodist.store")
+
+JOB = "aiodist-store"
+MAX_VALUE_BYTES = 64 << 20
+MAX_KEY_BYTES = 64 << 10
+MAX_REQUEST_KEYS = 8192
+# compare_set carries two values in one frame, hence twice the value limit.
+SERVER_LIMITS = Limits(
+    max_header=1 << 20,
+    max_payload=2 * MAX_VALUE_BYTES,
+    max_str=MAX_KEY_BYTES,
+    max_bin=64,
+    max_array=2 * MAX_REQUEST_KEYS,
+    max_map=0,
+)
+# The client trusts the server it authenticated; a multi_get answer may exceed one value.
+CLIENT_LIMITS = Limits(
+    max_header=4 << 20,
+    max_payload=1 << 40,
+    max_str=MAX_KEY_BYTES,
+    max_bin=64,
+    max_array=2 * MAX_REQUEST_KEYS,
+    max_map=0,
+)
+# Before authentication nothing but tiny handshake messages is accepted (nothing is allocated
+# beyond the reader's small scratch buffer).
+HANDSHAKE_LIMITS = Limits(max_header=1024, max_payload=0, max_str=512, max_bin=64, max_array=8, max_map=0)
+
+_MAX_WAITS_PER_CONNECTION = 1 << 16
+_TIMEOUT_KEYS_REPORTED = 64
+
+
+@dataclass(frozen=True, slots=True)
+class _OpShape:
+    keys: int  # exact number of keys, or -1 for any
+    values: int  # exact number of values, -1 for "one per key"
+    arg: str  # "none", "timeout", "int"
+    waits: bool  # may block until keys appear
+
+
+_OPS: dict[str, _OpShape] = {
+    "set": _OpShape(1, 1, "none", False),
+    "get": _OpShape(1, 0, "timeout", True),
+    "add": _OpShape(1, 0, "int", False),
+    "compare_set": _OpShape(1, 2, "none", False),
+    "wait": _OpShape(-1, 0, "timeout", True),
+    "check": _OpShape(-1, 0, "none", False),
+    "delete_key": _OpShape(1, 0, "none", False),
+    "num_keys": _OpShape(0, 0, "none", False),
+    "append": _OpShape(1, 1, "none", False),
+    "multi_get": _OpShape(-1, 0, "timeout", True),
+    "multi_set": _OpShape(-1, -1, "none", False),
+    "cancel": _OpShape(0, 0, "int", False),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    op: str
+    rid: int
+    keys: list[str]
+    values: list[bytes]
+    arg: Any
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def parse_request(header: Any, payload: memoryview) -> _Request:
+    """Validate one request frame; anything unexpected is a ``ProtocolError`` (the connection dies)."""
+    if not (isinstance(header, list) and len(header) == 5):
+        raise ProtocolError("malformed store request")
+    op, rid, keys, lens, arg = header
+    shape = _OPS.get(op) if isinstance(op, str) else None
+    if shape is None:
+        raise ProtocolError(f"unknown store operation {str(op)[:40]!r}")
+    if not _is_int(rid):
+        raise ProtocolError("malformed store request id")
+    if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)):
+        raise ProtocolError(f"malformed keys in store request {op}")
+    if not (
+        isinstance(lens, list) and all(_is_int(n) and n >= 0 for n in lens) and sum(lens) == len(payload)
+    ):
+        raise ProtocolError(f"value lengths of store request {op} do not match its payload")
+    if shape.keys >= 0 and len(keys) != shape.keys:
+        raise ProtocolError(f"store request {op} needs {shape.keys} keys, got {len(keys)}")
+    if len(lens) != (len(keys) if shape.values < 0 else shape.values):
+        raise ProtocolError(f"store request {op} carries {len(lens)} values")
+    if shape.arg == "none" and arg is not None:
+        raise ProtocolError(f"store request {op} takes no argument")
+    if shape.arg == "int" and not (_is_int(arg) and INT64_MIN <= arg <= INT64_MAX):
+        raise ProtocolError(f"store request {op} needs an integer argument")
+    if shape.arg == "timeout" and not (
+        isinstance(arg, int | float) and not isinstance(arg, bool) and arg >= 0
+    ):
+        raise ProtocolError(f"store request {op} needs a non-negative timeout")
+    values: list[bytes] = []
+    pos = 0
+    for n in lens:
+        values.append(bytes(payload[pos : pos + n]))
+        pos += n
+    return _Request(op, rid, keys, values, arg)
+
+
+def _peer_name(writer: asyncio.StreamWriter) -> tuple[str, str]:
+    """(host, "host:port") of the remote end, for logs."""
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host = str(peer[0])
+        return host, (f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}")
+    return "?", str(peer)
+
+
+class _WarnLimiter:
+    """At most one warning per remote host per ``interval``; counts what it held back."""
+
+    def __init__(self, interval: float = 10.0, max_hosts: int = 4096) -> None:
+        self._interval = interval
+        self._max_hosts = max_hosts
+        self._last: dict[str, list[float]] = {}  # host -> [time of last warning, suppressed count]
+
+    def warn(self, host: str, msg: str, *args: object) -> None:
+        now = time.monotonic()
+        entry = self._last.get(host)
+        if entry is not None and now - entry[0] < self._interval:
+            entry[1] += 1
+            return
+        suppressed = int(entry[1]) if entry is not None else 0
+        if len(self._last) >= self._max_hosts:
+            self._last.clear()  # bounded memory under a flood from many addresses
+        self._last[host] = [now, 0]
+        if suppressed:
+            msg += f" ({suppressed} similar warnings suppressed)"
+        log.warning(msg, *args)
+
+
+class _Conn:
+    """One client connection: its streams, its waiting requests, and how it must end."""
+
+    __slots__ = ("addr", "host", "poisoned", "reader", "tasks", "writer")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.host, self.addr = _peer_name(writer)
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        # A poisoned connection is aborted (RST, buffers dropped) instead of closed gracefully.
+        self.poisoned = False
+
+    def send(self, header: list[Any], values: Sequence[bytes] = ()) -> None:
+        if self.writer.is_closing():
+            return
+        self.writer.writelines([encode_frame(header, sum(len(v) for v in values)), *values])
+
+    def close(self) -> None:
+        for task in self.tasks.values():
+            task.cancel()
+        self.tasks.clear()
+        if self.poisoned:
+            self.writer.transport.abort()
+        else:
+            self.writer.close()
+
+
+def _bind_host(host: str) -> str:
+    # "localhost" may resolve to ::1 and 127.0.0.1; bind the one clients reach first everywhere.
+    return "127.0.0.1" if host == "localhost" else host
+
+
+class StoreServer:
+    """The asyncio TCP key-value server behind ``TCPStore``.
+
+    Args:
+        host: address to bind (``"localhost"`` binds 127.0.0.1; ``""``/``"0.0.0.0"`` all IPv4).
+        port: port to bind; 0 picks a free one (see ``port`` after ``start``).
+        sock: an already bound listening socket to serve on instead of ``host``/``port``.
+        secret: shared secret for the HMAC handshake; ``None`` reads ``AIODIST_SECRET``,
+            ``b""`` disables authentication.
+        handshake_timeout: seconds a new connection has to authenticate before it is dropped.
+        max_unauthenticated: connections allowed to be mid-handshake at once; more are dropped.
+        limits: frame limits for authenticated connections.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        sock: socket.socket | None = None,
+        secret: bytes | None = None,
+        handshake_timeout: float = 10.0,
+        max_unauthenticated: int = 256,
+        limits: Limits = SERVER_LIMITS,
+    ) -> None:
+        self._host = host
+        self._port = port
+        self._sock = sock
+        self._secret = secret_from_env() if secret is None else secret
+        self._handshake_timeout = handshake_timeout
+        self._max_unauthenticated = max_unauthenticated
+        self._limits = limits
+        self._table = KeyTable()
+        self._server: asyncio.Server | None = None
+        self._closed = False
+        self._conns: set[_Conn] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self._unauthenticated = 0
+        self._warner = _WarnLimiter()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("serving" if self._server else "not started")
+        return f"StoreServer({self._host!r}, {self.port}, {state}, {len(self._conns)} connections)"
+
+    @property
+    def port(self) -> int:
+        """The port served on (the real one once started, even when 0 was asked)."""
+        if self._server is not None and self._server.sockets:
+            return int(self._server.sockets[0].getsockname()[1])
+        if self._sock is not None:
+            return int(self._sock.getsockname()[1])
+        return self._port
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @property
+    def num_connections(self) -> int:
+        """Open client connections (authenticated or not)."""
+        return len(self._conns)
+
+    # -- lifetime ------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Bind and start accepting connections.
+
+        Raises:
+            DistStoreError: the address cannot be bound (the message names it and the cause).
+        """
+        if self._server is not None:
+            return
+        if self._closed:
+            raise DistStoreError("the store server is closed")
+        try:
+            if self._sock is not None:
+                self._server = await asyncio.start_server(self._on_connect, sock=self._sock, backlog=2048)
+            else:
+                self._server = await asyncio.start_server(
+                    self._on_connect, host=_bind_host(self._host), port=self._port, backlog=2048
+                )
+        except OSError as exc:
+            raise DistStoreError(
+                f"could not start the store server on {self._host}:{self._port}: {exc}"
+            ) from exc
+        log.debug("store server listening on %s:%d", self._host, self.port)
+
+    async def aclose(self) -> None:
+        """Stop accepting, close every connection (their clients see the store go away), and wait."""
+        if self._closed:
+            return
+        self._closed = True
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        handlers = list(self._handlers)
+        for task in handlers:
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        if server is not None:
+            await server.wait_closed()
+
+    def abort(self) -> None:
+        """Stop at once: abort every connection and the listener without waiting."""
+        if self._closed:
+            return
+        self._closed = True
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for conn in list(self._conns):
+            conn.poisoned = True
+            conn.writer.transport.abort()
+        for task in list(self._handlers):
+            task.cancel()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # -- connections ---------------------------------------------------------------------
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = _Conn(reader, writer)
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+        self._conns.add(conn)
+        try:
+            if self._closed:
+                conn.poisoned = True
+                return
+            await self._run(conn)
+        except asyncio.CancelledError:
+            pass  # the server is closing; this task is ours and ends here
+        except ProtocolError as exc:
+            conn.poisoned = True
+            self._warner.warn(conn.host, "store server dropped %s: %s", conn.addr, exc)
+        except OSError as exc:  # reset, broken pipe: the client vanished
+            conn.poisoned = True
+            log.debug("store client %s vanished: %s", conn.addr, exc)
+        except Exception as exc:  # never let one connection take the server down
+            conn.poisoned = True
+            self._warner.warn(
+                conn.host, "store server dropped %s after an internal error: %r", conn.addr, exc
+            )
+        finally:
+            conn.close()
+            self._conns.discard(conn)
+            if task is not None:
+                self._handlers.discard(task)
+
+    async def _run(self, conn: _Conn) -> None:
+        if self._unauthenticated >= self._max_unauthenticated:
+            conn.poisoned = True
+            self._warner.warn(
+                conn.host,
+                "store server refused %s: %d connections are already waiting to authenticate",
+                conn.addr,
+                self._unauthenticated,
+            )
+            return
+        self._unauthenticated += 1
+        try:
+            async with asyncio.timeout(self._handshake_timeout):
+                authenticated = await self._handshake(conn)
+        except TimeoutError:
+            conn.poisoned = True
+            self._warner.warn(
+                conn.host,
+                "store server dropped %s: no handshake within %g s",
+                conn.addr,
+                self._handshake_timeout,
+            )
+            return
+        finally:
+            self._unauthenticated -= 1
+        if authenticated:
+            await self._serve(conn)
+
+    async def _handshake(self, conn: _Conn) -> bool:
+        challenge = make_challenge()
+        conn.send(challenge.pack())
+        frames: list[Any] = []
+        reader = FrameReader(_collect, lambda h, _p: frames.append(h), HANDSHAKE_LIMITS, scratch_size=4096)
+        while not frames:
+            data = await conn.reader.read(4096)
+            if not data:
+                self._warner.warn(
+                    conn.host, "store server: %s closed the connection before the handshake", conn.addr
+                )
+                return False
+            reader.feed(data)
+        # A client says nothing more until it is welcomed; extra bytes are not a client of ours.
+        if len(frames) > 1 or reader.mid_frame:
+            raise ProtocolError("unexpected bytes after the handshake hello")
+        try:
+            hello = accept_hello(challenge, frames[0], JOB, self._secret)
+        except AuthError as exc:
+            conn.send(["refused", f"authentication failed: {str(exc)[:200]}"])
+            self._warner.warn(conn.host, "store server refused %s: %s", conn.addr, exc)
+            return False
+        conn.send(make_welcome(challenge, hello, JOB, -1, self._secret).pack())
+        return True
+
+    async def _serve(self, conn: _Conn) -> None:
+        frames: list[tuple[Any, memoryview]] = []
+        reader = FrameReader(_collect, lambda h, p: frames.append((h, p)), self._limits)
+        while True:
+            data = await conn.reader.read(256 * 1024)
+            if not data:
+                return
+            reader.feed(data)
+            for header, payload in frames:
+                self._dispatch(conn, parse_request(header, payload))
+            frames.clear()
+            await conn.writer.drain()
+
+    # -- requests ------------------------------------------------------------------------
+    def _dispatch(self, conn: _Conn, req: _Request) -> None:
+        if req.op == "cancel":
+            task = conn.tasks.pop(req.arg, None)
+            if task is not None:
+                task.cancel()
+            return
+        if _OPS[req.op].waits:
+            if req.rid in conn.tasks:
+                raise ProtocolError(f"request id {req.rid} is already in use")
+            if self._table.check(req.keys) or req.arg == 0:
+                self._answer_wait(conn, req, self._table.missing(req.keys))
+                return
+            if len(conn.tasks) >= _MAX_WAITS_PER_CONNECTION:
+                raise ProtocolError(
+                    f"more than {_MAX_WAITS_PER_CONNECTION} waiting requests on one connection"
+                )
+            task = asyncio.create_task(self._wait(conn, req))
+            conn.tasks[req.rid] = task
+            task.add_done_callback(
+                lambda t: conn.tasks.pop(req.rid, None) if conn.tasks.get(req.rid) is t else None
+            )
+            return
+        try:
+            result, values = self._apply(req)
+        except DistValueError as exc:
+            conn.send([req.rid, "value_error", [], str(exc)[:4096]])
+            return
+        conn.send([req.rid, "ok", [len(v) for v in values], result], values)
+
+    def _apply(self, req: _Request) -> tuple[Any, list[bytes]]:
+        t, keys, values = self._table, req.keys, req.values
+        match req.op:
+            case "set":
+                t.set(keys[0], values[0])
+            case "add":
+                return t.add(keys[0], req.arg), []
+            case "compare_set":
+                return None, [t.compare_set(keys[0], values[0], values[1])]
+            case "check":
+                return t.check(keys), []
+            case "delete_key":
+                return t.delete(keys[0]), []
+            case "num_keys":
+                return t.num_keys(), []
+            case "append":
+                t.append(keys[0], values[0])
+            case "multi_set":
+                t.multi_set(keys, values)
+            case _:  # parse_request admits no other op
+                raise ProtocolError(f"unknown store operation {req.op!r}")
+        return None, []
+
+    async def _wait(self, conn: _Conn, req: _Request) -> None:
+        timeout = float(req.arg)
+        missing = await self._table.wait(req.keys, math.inf if math.isinf(timeout) else timeout)
+        self._answer_wait(conn, req, missing)
+
+    def _answer_wait(self, conn: _Conn, req: _Request, missing: list[str]) -> None:
+        if missing:
+            conn.send([req.rid, "timeout", [], missing[:_TIMEOUT_KEYS_REPORTED]])
+        elif req.op == "wait":
+            conn.send([req.rid, "ok", [], None])
+        else:
+            values = self._table.values(req.keys)
+            conn.send([req.rid, "ok", [len(v) for v in values], None], values)
+
+
+def _collect(_header: Any, _payload_len: int) -> memoryview | None:
+    return None  # let the reader collect the payload into a fresh buffer

@@ -1,0 +1,397 @@
+"""The transport interface that every algorithm is written against, and its matching engine.
+
+A transport moves *messages* between global ranks. A message is addressed by a ``Key``
+``(group_id, channel, n)``: collectives use ``(gid, COLL, seq)``, point-to-point uses
+``(gid, P2P, tag)``. Messages from one source with one key are matched in the order they
+were sent (non-overtaking, as MPI); different keys never wait on each other, so any number
+of operations can be in flight at once.
+
+A receive is *posted* with the buffer its payload must land in. The ``Mailbox`` matches
+arrivals against posted receives (a TCP payload is then read straight into that buffer);
+a message that arrives before its receive is posted is held in a bounded unexpected store.
+Every message may carry its operation's fingerprint; a receive posted with a fingerprint
+only accepts a message with an equal one, and a disagreement fails the receive with a
+``CollectiveMismatchError`` naming both sides (and tells the sender, through
+``on_mismatch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from aiodist.errors import CollectiveMismatchError, DistError, DistNetworkError
+
+__all__ = [
+    "COLL",
+    "CTRL",
+    "P2P",
+    "Fingerprint",
+    "Key",
+    "Mailbox",
+    "PendingRecv",
+    "Transport",
+    "describe_fingerprint",
+]
+
+# channels of a Key
+COLL = 0
+P2P = 1
+CTRL = 2  # group-internal control traffic (e.g. DETAIL-mode checks)
+
+Key = tuple[int, int, int]
+# (op name, sequence number, dtype, count, root, reduce op) for collectives; (op, dtype, count) for p2p.
+Fingerprint = list[Any]
+
+# A discarded payload is still read off the wire, into this many bytes at a time at most.
+_DEFAULT_UNEXPECTED_CAP = 1 << 30
+
+
+def describe_fingerprint(fp: Fingerprint | None) -> str:
+    """A human reading of a fingerprint: ``all_reduce #3 (float32 x 10, op SUM)``."""
+    if not fp:
+        return "an untagged message"
+    name = fp[0]
+    if len(fp) == 3:  # point-to-point: (op, dtype, count)
+        return f"{name} of {fp[2]} x {fp[1]}"
+    _, seq, dtype, count, root, redop = (list(fp) + [None] * 6)[:6]
+    extras = [f"{dtype} x {count}"]
+    if root is not None and root >= 0:
+        extras.append(f"root {root}")
+    if redop:
+        extras.append(f"op {redop}")
+    return f"{name} #{seq} ({', '.join(extras)})"
+
+
+class PendingRecv:
+    """A posted receive: where the payload goes and who is told when it has arrived."""
+
+    __slots__ = ("buf", "future", "fp", "key", "order", "src")
+
+    def __init__(self, src: int | None, key: Key, buf: memoryview, fp: Fingerprint | None, order: int,
+                 future: asyncio.Future[int]) -> None:
+        self.src = src
+        self.key = key
+        self.buf = buf
+        self.fp = fp
+        self.order = order
+        self.future = future
+
+
+class _Held:
+    """A message that arrived before its receive was posted."""
+
+    __slots__ = ("fp", "order", "payload")
+
+    def __init__(self, fp: Fingerprint | None, payload: memoryview, order: int) -> None:
+        self.fp = fp
+        self.payload = payload
+        self.order = order
+
+
+DISCARD = object()  # sentinel from match(): read the payload and drop it
+
+
+class Mailbox:
+    """Matches arriving messages to posted receives. Pure bookkeeping, no I/O.
+
+    Owned by one transport and used only from its event loop.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        loop: asyncio.AbstractEventLoop,
+        unexpected_cap: int = _DEFAULT_UNEXPECTED_CAP,
+        on_mismatch: Callable[[int, Key, Fingerprint | None, Fingerprint | None], None] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.loop = loop
+        self.unexpected_cap = unexpected_cap
+        self.unexpected_bytes = 0
+        self.on_mismatch = on_mismatch
+        # Called when held messages drop below half the cap (a paused reader may resume).
+        self.on_drain: Callable[[], None] | None = None
+        self._posted: dict[tuple[int, Key], deque[PendingRecv]] = {}
+        self._posted_any: dict[Key, deque[PendingRecv]] = {}
+        self._held: dict[tuple[int, Key], deque[_Held]] = {}
+        self._abandoned: set[Key] = set()
+        self._failed_keys: dict[Key, BaseException] = {}
+        self._dead: dict[int, BaseException] = {}
+        self._order = itertools.count()
+
+    # -- receiving side: posting ---------------------------------------------------------
+    def post(self, src: int | None, key: Key, buf: memoryview, fp: Fingerprint | None = None) -> asyncio.Future[int]:
+        """Post a receive into ``buf`` (a flat byte view). The future resolves to the source rank."""
+        fut: asyncio.Future[int] = self.loop.create_future()
+        if key in self._failed_keys:
+            fut.set_exception(self._failed_keys[key])
+            return fut
+        held_src = self._find_held(src, key)
+        if held_src is not None:
+            held = self._held[(held_src, key)].popleft()
+            if not self._held[(held_src, key)]:
+                del self._held[(held_src, key)]
+            self.unexpected_bytes -= held.payload.nbytes
+            if self.on_drain is not None and self.unexpected_bytes <= self.unexpected_cap // 2:
+                self.on_drain()
+            self._deliver_held(held_src, key, held, buf, fp, fut)
+            return fut
+        if src is not None and src in self._dead:
+            fut.set_exception(self._dead[src])
+            return fut
+        recv = PendingRecv(src, key, buf, fp, next(self._order), fut)
+        if src is None:
+            self._posted_any.setdefault(key, deque()).append(recv)
+        else:
+            self._posted.setdefault((src, key), deque()).append(recv)
+        return fut
+
+    def cancel(self, fut: asyncio.Future[int]) -> None:
+        """Withdraw a posted receive that has not been matched yet (timeout, cancellation)."""
+        for table in (self._posted, self._posted_any):
+            for k, q in list(table.items()):
+                for recv in q:
+                    if recv.future is fut:
+                        q.remove(recv)
+                        if not q:
+                            del table[k]  # type: ignore[arg-type]
+                        return
+
+    def _find_held(self, src: int | None, key: Key) -> int | None:
+        if src is not None:
+            return src if (src, key) in self._held else None
+        best: tuple[int, int] | None = None
+        for (s, k), q in self._held.items():
+            if k == key and (best is None or q[0].order < best[0]):
+                best = (q[0].order, s)
+        return None if best is None else best[1]
+
+    def _deliver_held(self, src: int, key: Key, held: _Held, buf: memoryview, fp: Fingerprint | None,
+                      fut: asyncio.Future[int]) -> None:
+        err = self._check(src, key, held.fp, fp, held.payload.nbytes, buf.nbytes)
+        if err is not None:
+            fut.set_exception(err)
+            return
+        buf[:] = held.payload
+        fut.set_result(src)
+
+    # -- receiving side: arrivals ------------------------------------------------------
+    def match(self, src: int, key: Key, nbytes: int, fp: Fingerprint | None) -> PendingRecv | object | None:
+        """A message header arrived from ``src``.
+
+        Returns the posted receive whose buffer the payload goes into, ``DISCARD`` when the
+        payload must be read and dropped, or None when it must be held as unexpected.
+        """
+        if key in self._abandoned:
+            return DISCARD
+        specific = self._posted.get((src, key))
+        anyq = self._posted_any.get(key)
+        if specific and (not anyq or specific[0].order < anyq[0].order):
+            recv = specific.popleft()
+            if not specific:
+                del self._posted[(src, key)]
+        elif anyq:
+            recv = anyq.popleft()
+            if not anyq:
+                del self._posted_any[key]
+        else:
+            return None
+        err = self._check(src, key, fp, recv.fp, nbytes, recv.buf.nbytes)
+        if err is not None:
+            if not recv.future.done():
+                recv.future.set_exception(err)
+            return DISCARD
+        return recv
+
+    def complete(self, recv: PendingRecv, src: int) -> None:
+        if not recv.future.done():
+            recv.future.set_result(src)
+
+    def hold(self, src: int, key: Key, fp: Fingerprint | None, payload: memoryview) -> None:
+        """Keep a message that arrived before its receive; counts against the unexpected cap."""
+        if key in self._abandoned:
+            return
+        self._held.setdefault((src, key), deque()).append(_Held(fp, payload, next(self._order)))
+        self.unexpected_bytes += payload.nbytes
+
+    def deliver(self, src: int, key: Key, fp: Fingerprint | None, payload: memoryview) -> None:
+        """A whole message arrived at once (in-memory transport): match it or hold a copy."""
+        target = self.match(src, key, payload.nbytes, fp)
+        if target is DISCARD:
+            return
+        if target is None:
+            self.hold(src, key, fp, memoryview(bytearray(payload)))
+            return
+        assert isinstance(target, PendingRecv)
+        target.buf[:] = payload
+        self.complete(target, src)
+
+    @property
+    def over_cap(self) -> bool:
+        return self.unexpected_bytes > self.unexpected_cap
+
+    def _check(self, src: int, key: Key, sent_fp: Fingerprint | None, want_fp: Fingerprint | None,
+               nbytes: int, bufbytes: int) -> DistError | None:
+        if want_fp is not None and sent_fp is not None and list(sent_fp) != list(want_fp):
+            if self.on_mismatch is not None:
+                self.on_mismatch(src, key, sent_fp, want_fp)
+            return CollectiveMismatchError(
+                f"rank {self.rank} expected {describe_fingerprint(want_fp)} but rank {src} sent "
+                f"{describe_fingerprint(sent_fp)}"
+            )
+        if nbytes != bufbytes:
+            what = describe_fingerprint(want_fp or sent_fp)
+            return CollectiveMismatchError(
+                f"rank {src} sent {nbytes} bytes for {what} but rank {self.rank} posted a buffer of {bufbytes} bytes"
+            )
+        return None
+
+    # -- failures and abandonment ------------------------------------------------------
+    def abandon(self, key: Key) -> None:
+        """Forget an operation that timed out: drop what it holds and whatever arrives for it later."""
+        self._abandoned.add(key)
+        for table_key in [k for k in self._held if k[1] == key]:
+            for held in self._held.pop(table_key):
+                self.unexpected_bytes -= held.payload.nbytes
+        for table_key in [k for k in self._posted if k[1] == key]:
+            del self._posted[table_key]
+        self._posted_any.pop(key, None)
+
+    def fail_key(self, key: Key, exc: BaseException) -> None:
+        """Fail every receive posted for ``key`` now and later (the peer reported a mismatch)."""
+        self._failed_keys[key] = exc
+        for table_key in [k for k in self._posted if k[1] == key]:
+            for recv in self._posted.pop(table_key):
+                if not recv.future.done():
+                    recv.future.set_exception(exc)
+        for recv in self._posted_any.pop(key, ()):
+            if not recv.future.done():
+                recv.future.set_exception(exc)
+
+    def fail_peer(self, src: int, exc: BaseException) -> None:
+        """``src`` is gone: fail every receive waiting on it, now and later."""
+        self._dead.setdefault(src, exc)
+        for table_key in [k for k in self._posted if k[0] == src]:
+            for recv in self._posted.pop(table_key):
+                if not recv.future.done():
+                    recv.future.set_exception(exc)
+
+    def fail_all(self, exc: BaseException) -> None:
+        for q in itertools.chain(self._posted.values(), self._posted_any.values()):
+            for recv in q:
+                if not recv.future.done():
+                    recv.future.set_exception(exc)
+        self._posted.clear()
+        self._posted_any.clear()
+
+    def waiting_on(self, key: Key) -> list[int | None]:
+        """Sources whose messages for ``key`` are still awaited (for timeout messages)."""
+        srcs: list[int | None] = sorted({k[0] for k, q in self._posted.items() if k[1] == key and q})
+        if self._posted_any.get(key):
+            srcs.append(None)
+        return srcs
+
+
+PeerLostListener = Callable[[int, DistNetworkError], None]
+KeyFailedListener = Callable[[Key, BaseException], None]
+
+
+class Transport(ABC):
+    """Moves messages between the ranks of one job. Algorithms see only this interface."""
+
+    rank: int
+    world_size: int
+    mailbox: Mailbox
+
+    def __init__(self, rank: int, world_size: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.loop = loop
+        self.mailbox = Mailbox(rank, loop, on_mismatch=self._report_mismatch)
+        self._peer_lost_listeners: list[PeerLostListener] = []
+        self._key_failed_listeners: list[KeyFailedListener] = []
+        self.dead_peers: dict[int, DistNetworkError] = {}
+        self.closed = False
+
+    # -- the data path -----------------------------------------------------------------
+    @abstractmethod
+    def send(self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None = None) -> Awaitable[None]:
+        """Queue ``payload`` for ``dst`` now (call order is wire order); await for buffer reuse."""
+
+    def recv(self, src: int | None, key: Key, buf: memoryview, fp: Fingerprint | None = None) -> asyncio.Future[int]:
+        """Post a receive into ``buf``; the future resolves to the sender's rank."""
+        return self.mailbox.post(src, key, buf, fp)
+
+    def cancel_recv(self, fut: asyncio.Future[int]) -> None:
+        self.mailbox.cancel(fut)
+
+    def abandon(self, key: Key) -> None:
+        self.mailbox.abandon(key)
+
+    # -- failure reporting -------------------------------------------------------------
+    def add_peer_lost_listener(self, cb: PeerLostListener) -> None:
+        self._peer_lost_listeners.append(cb)
+
+    def remove_peer_lost_listener(self, cb: PeerLostListener) -> None:
+        if cb in self._peer_lost_listeners:
+            self._peer_lost_listeners.remove(cb)
+
+    def add_key_failed_listener(self, cb: KeyFailedListener) -> None:
+        self._key_failed_listeners.append(cb)
+
+    def remove_key_failed_listener(self, cb: KeyFailedListener) -> None:
+        if cb in self._key_failed_listeners:
+            self._key_failed_listeners.remove(cb)
+
+    def _peer_lost(self, peer: int, exc: DistNetworkError) -> None:
+        if peer in self.dead_peers:
+            return
+        self.dead_peers[peer] = exc
+        self.mailbox.fail_peer(peer, exc)
+        for cb in list(self._peer_lost_listeners):
+            cb(peer, exc)
+
+    def _key_failed(self, key: Key, exc: BaseException) -> None:
+        self.mailbox.fail_key(key, exc)
+        for cb in list(self._key_failed_listeners):
+            cb(key, exc)
+
+    def _report_mismatch(self, src: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
+        """Our receive disagreed with what ``src`` sent: fail our op and tell the sender."""
+        exc = CollectiveMismatchError(
+            f"rank {self.rank} expected {describe_fingerprint(want)} but rank {src} sent {describe_fingerprint(sent)}"
+        )
+        self.loop.call_soon(self._key_failed, key, exc)
+        self._send_mismatch(src, key, sent, want)
+
+    def _send_mismatch(self, dst: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
+        """Tell ``dst`` that its message for ``key`` met a different operation here."""
+
+    def _mismatch_reported(self, src: int, key: Key, ours: Fingerprint | None, theirs: Fingerprint | None) -> None:
+        """``src`` told us our message for ``key`` met its different operation."""
+        exc = CollectiveMismatchError(
+            f"rank {src} expected {describe_fingerprint(theirs)} but rank {self.rank} sent {describe_fingerprint(ours)}"
+        )
+        self._key_failed(key, exc)
+
+    def check_peer(self, peer: int) -> None:
+        """Raise the recorded error if ``peer`` is known to be gone."""
+        if peer in self.dead_peers:
+            raise self.dead_peers[peer]
+
+    # -- lifetime ----------------------------------------------------------------------
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Flush what was queued (bounded) and close every connection."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Close every connection at once."""
+
+    def peers(self) -> Sequence[int]:
+        return [r for r in range(self.world_size) if r != self.rank]

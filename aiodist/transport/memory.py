@@ -1,0 +1,63 @@
+"""In-process transport: every rank is a task on one event loop, messages are memory copies.
+
+For fast algorithm tests over many world sizes; the TCP tier is tested separately with real
+processes. A send copies the payload into the receiver's posted buffer (or into a held copy)
+at once, so it completes immediately, like an eager-protocol send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+
+from aiodist.errors import DistNetworkError
+from aiodist.transport.base import Fingerprint, Key, Transport
+
+__all__ = ["MemoryFabric", "MemoryTransport"]
+
+
+class MemoryFabric:
+    """The shared medium of one in-process job: ``fabric.transports[r]`` is rank r's end."""
+
+    def __init__(self, world_size: int, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        loop = loop or asyncio.get_running_loop()
+        self.transports = [MemoryTransport(self, r, world_size, loop) for r in range(world_size)]
+
+    def kill(self, rank: int) -> None:
+        """Simulate rank ``rank`` dying: every other rank sees it lost."""
+        self.transports[rank].abort()
+
+
+class MemoryTransport(Transport):
+    def __init__(self, fabric: MemoryFabric, rank: int, world_size: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(rank, world_size, loop)
+        self._fabric = fabric
+        self._done: asyncio.Future[None] = loop.create_future()
+        self._done.set_result(None)
+
+    def send(self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None = None) -> Awaitable[None]:
+        if self.closed:
+            raise DistNetworkError(f"rank {self.rank}: transport is closed")
+        self.check_peer(dst)
+        if not 0 <= dst < self.world_size:
+            raise DistNetworkError(f"rank {self.rank}: no rank {dst} in a world of {self.world_size}")
+        peer = self._fabric.transports[dst]
+        peer.mailbox.deliver(self.rank, key, fp, payload.cast("B") if payload.format != "B" else payload)
+        return self._done
+
+    def _send_mismatch(self, dst: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
+        peer = self._fabric.transports[dst]
+        if not peer.closed:
+            self.loop.call_soon(peer._mismatch_reported, self.rank, key, sent, want)
+
+    async def aclose(self) -> None:
+        self.abort()
+
+    def abort(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.mailbox.fail_all(DistNetworkError(f"rank {self.rank}: transport closed"))
+        for other in self._fabric.transports:
+            if other is not self and not other.closed:
+                other._peer_lost(self.rank, DistNetworkError(f"rank {self.rank} closed its connection"))

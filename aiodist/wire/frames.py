@@ -1,0 +1,218 @@
+"""Length-prefixed frames: a fixed prefix, a msgpack header, then raw payload bytes.
+
+Layout of one frame::
+
+    +----------------+-------------------+----------------------+-------------------+
+    | header_len u32 | payload_len u64   | header (msgpack)     | payload (raw)     |
+    +----------------+-------------------+----------------------+-------------------+
+
+Both lengths are checked against hard limits before a byte of either is stored, so a peer
+announcing a 2**62-byte frame costs us 12 bytes. ``FrameReader`` is pure: it is handed the
+bytes that arrived (via the ``get_buffer``/``buffer_updated`` pair that mirrors
+``asyncio.BufferedProtocol``) and calls back with each header; the callback answers with
+the buffer the payload should land in, so a large payload goes straight from the socket
+into the tensor its receive was posted with.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from aiodist.errors import DistError
+
+__all__ = ["DEFAULT_LIMITS", "PREFIX", "FrameReader", "Limits", "ProtocolError", "decode_header", "encode_frame"]
+
+PREFIX = struct.Struct("!IQ")
+
+
+class ProtocolError(DistError):
+    """The byte stream broke the protocol. The connection that carried it is poisoned."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Hard bounds on what one frame may announce and what a header may contain."""
+
+    max_header: int = 64 * 1024
+    max_payload: int = 1 << 40
+    max_str: int = 16 * 1024
+    max_bin: int = 64 * 1024
+    max_array: int = 4096
+    max_map: int = 1024
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def encode_frame(header: Any, payload_len: int = 0) -> bytes:
+    """Prefix and header of one frame; the caller writes ``payload_len`` payload bytes after it."""
+    packed = msgpack.packb(header, use_bin_type=True)
+    return PREFIX.pack(len(packed), payload_len) + packed
+
+
+def decode_header(data: bytes | memoryview, limits: Limits = DEFAULT_LIMITS) -> Any:
+    """Decode one msgpack header under ``limits``; any malformation is a ``ProtocolError``."""
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            max_str_len=limits.max_str,
+            max_bin_len=limits.max_bin,
+            max_array_len=limits.max_array,
+            max_map_len=limits.max_map,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises a zoo of types (ValueError, ExtraData, StackError...)
+        raise ProtocolError(f"malformed frame header: {exc.__class__.__name__}: {exc}") from None
+
+
+# on_header(header, payload_len) -> where the payload goes (a writable memoryview of exactly
+# payload_len bytes), or None to have it collected into a fresh bytearray.
+HeaderCallback = Callable[[Any, int], "memoryview | None"]
+# on_frame(header, payload) -> called once the whole payload has arrived.
+FrameCallback = Callable[[Any, memoryview], None]
+
+_PREFIX, _HEADER, _PAYLOAD = 0, 1, 2
+
+
+class FrameReader:
+    """Incremental frame parser for a stream of bytes fed in arbitrary pieces."""
+
+    __slots__ = (
+        "_expect",
+        "_filled",
+        "_header",
+        "_limits",
+        "_on_frame",
+        "_on_header",
+        "_payload_len",
+        "_pos",
+        "_scratch",
+        "_scratch_view",
+        "_sink",
+        "_staged",
+        "_state",
+    )
+
+    def __init__(
+        self,
+        on_header: HeaderCallback,
+        on_frame: FrameCallback,
+        limits: Limits = DEFAULT_LIMITS,
+        scratch_size: int = 256 * 1024,
+    ) -> None:
+        self._on_header = on_header
+        self._on_frame = on_frame
+        self._limits = limits
+        self._scratch = bytearray(max(scratch_size, PREFIX.size + limits.max_header))
+        self._scratch_view = memoryview(self._scratch)
+        # Bytes of the scratch buffer that arrived but are not consumed yet: [_pos, _filled).
+        self._pos = 0
+        self._filled = 0
+        self._state = _PREFIX
+        self._expect = PREFIX.size
+        self._header: Any = None
+        self._payload_len = 0
+        self._sink: memoryview | None = None
+        self._staged = 0  # payload bytes already in the sink
+
+    # -- BufferedProtocol-shaped feeding ------------------------------------------------
+    def get_buffer(self) -> memoryview:
+        """Where the next received bytes should be written."""
+        if self._state == _PAYLOAD and self._pos == self._filled:
+            # Straight into the destination, never past the end of this frame's payload.
+            assert self._sink is not None
+            return self._sink[self._staged :]
+        if self._pos == self._filled:
+            self._pos = self._filled = 0
+        elif len(self._scratch) - self._filled < 4096:
+            # Compact: move the unconsumed tail to the front.
+            n = self._filled - self._pos
+            self._scratch[:n] = self._scratch[self._pos : self._filled]
+            self._pos, self._filled = 0, n
+        return self._scratch_view[self._filled :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """``nbytes`` were written into the last buffer ``get_buffer`` returned."""
+        if self._state == _PAYLOAD and self._pos == self._filled:
+            self._staged += nbytes
+            if self._staged == self._payload_len:
+                self._finish_payload()
+            self._drain()
+            return
+        self._filled += nbytes
+        self._drain()
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Feed bytes from anywhere (tests, non-buffered transports)."""
+        view = memoryview(data).cast("B")
+        while view.nbytes:
+            buf = self.get_buffer()
+            n = min(len(buf), view.nbytes)
+            buf[:n] = view[:n]
+            view = view[n:]
+            self.buffer_updated(n)
+
+    @property
+    def mid_frame(self) -> bool:
+        """True when a frame has begun but not ended (closing now would cut it in half)."""
+        return self._state != _PREFIX or self._pos != self._filled
+
+    # -- parsing -----------------------------------------------------------------------
+    def _drain(self) -> None:
+        while True:
+            avail = self._filled - self._pos
+            if self._state == _PREFIX:
+                if avail < PREFIX.size:
+                    return
+                hlen, plen = PREFIX.unpack_from(self._scratch, self._pos)
+                if hlen > self._limits.max_header:
+                    raise ProtocolError(f"frame header of {hlen} bytes exceeds the limit of {self._limits.max_header}")
+                if plen > self._limits.max_payload:
+                    raise ProtocolError(f"frame payload of {plen} bytes exceeds the limit of {self._limits.max_payload}")
+                self._pos += PREFIX.size
+                self._expect = hlen
+                self._payload_len = plen
+                self._state = _HEADER
+            elif self._state == _HEADER:
+                if avail < self._expect:
+                    return
+                raw = self._scratch_view[self._pos : self._pos + self._expect]
+                self._pos += self._expect
+                self._header = decode_header(raw, self._limits)
+                sink = self._on_header(self._header, self._payload_len)
+                if sink is None:
+                    sink = memoryview(bytearray(self._payload_len))
+                elif sink.nbytes != self._payload_len:
+                    raise ProtocolError(f"payload sink of {sink.nbytes} bytes for a {self._payload_len}-byte payload")
+                self._sink = sink.cast("B") if sink.format != "B" or sink.ndim != 1 else sink
+                self._staged = 0
+                self._state = _PAYLOAD
+                if self._payload_len == 0:
+                    self._finish_payload()
+            else:  # _PAYLOAD, with bytes still sitting in scratch
+                if avail == 0:
+                    return
+                assert self._sink is not None
+                n = min(avail, self._payload_len - self._staged)
+                self._sink[self._staged : self._staged + n] = self._scratch_view[self._pos : self._pos + n]
+                self._pos += n
+                self._staged += n
+                if self._staged == self._payload_len:
+                    self._finish_payload()
+
+    def _finish_payload(self) -> None:
+        header, sink = self._header, self._sink
+        assert sink is not None
+        self._header = None
+        self._sink = None
+        self._staged = 0
+        self._state = _PREFIX
+        self._on_frame(header, sink)

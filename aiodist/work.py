@@ -1,0 +1,156 @@
+"""``Work``: the one handle type every operation returns.
+
+A Work wraps the future of one operation on the runtime's event loop. Awaiting it from that
+loop shields the operation (cancelling the awaiting task stops the waiting, not the
+operation); ``wait()`` blocks a thread other than the loop's; ``get_future()`` gives a
+thread-safe ``concurrent.futures.Future``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Generator
+from typing import Any
+
+from aiodist.errors import DistError, DistTimeoutError
+
+__all__ = ["Work"]
+
+
+class Work:
+    """Handle of one started operation.
+
+    Args:
+        future: completes with the operation's result (None, or the source rank for recv).
+        name: what the operation is, for error messages ("all_reduce #17 on rank 2").
+    """
+
+    __slots__ = ("_cf", "_future", "_loop", "name")
+
+    def __init__(self, future: asyncio.Future[Any], name: str) -> None:
+        self._future = future
+        self._loop = future.get_loop()
+        self._cf: concurrent.futures.Future[Any] | None = None
+        self.name = name
+
+    @classmethod
+    def completed(cls, loop: asyncio.AbstractEventLoop, name: str, result: Any = None) -> Work:
+        fut = loop.create_future()
+        fut.set_result(result)
+        return cls(fut, name)
+
+    @classmethod
+    def failed(cls, loop: asyncio.AbstractEventLoop, name: str, exc: BaseException) -> Work:
+        fut = loop.create_future()
+        fut.set_exception(exc)
+        return cls(fut, name)
+
+    def __repr__(self) -> str:
+        state = "done" if self._future.done() else "pending"
+        return f"<Work {self.name} {state}>"
+
+    # -- asyncio -------------------------------------------------------------------------
+    def __await__(self) -> Generator[Any, None, Any]:
+        fut = self._future
+        if not fut.done():
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+            if loop is self._loop:
+                # shield: a cancelled waiter must not cancel the operation itself.
+                yield from asyncio.shield(fut).__await__()
+            else:
+                yield from asyncio.wrap_future(self.get_future()).__await__()
+        return fut.result()
+
+    # -- state ---------------------------------------------------------------------------
+    def is_completed(self) -> bool:
+        """True once the operation has finished, successfully or not."""
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        """True once the operation has finished without error."""
+        fut = self._future
+        return fut.done() and not fut.cancelled() and fut.exception() is None
+
+    def exception(self) -> BaseException | None:
+        """The operation's error, or None (also None while it runs)."""
+        fut = self._future
+        if not fut.done():
+            return None
+        if fut.cancelled():
+            return DistError(f"{self.name} was cancelled")
+        return fut.exception()
+
+    def result(self) -> Any:
+        """The operation's result; raises its error. Only valid once completed."""
+        if not self._future.done():
+            raise DistError(f"{self.name} has not completed yet")
+        return self._future.result()
+
+    # -- threads -------------------------------------------------------------------------
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block this thread until the operation completes; raise its error if it failed.
+
+        Args:
+            timeout: seconds to wait at most. When it runs out, ``DistTimeoutError`` is raised
+                and the operation keeps running.
+        Returns:
+            True, as torch's ``Work.wait``.
+        Raises:
+            DistError: from a thread running the runtime loop (it would deadlock).
+        """
+        if self._future.done():
+            self.result()
+            return True
+        if self._on_loop_thread():
+            raise DistError(f"Work.wait() for {self.name} called on the runtime's loop thread; use 'await work'")
+        cf = self.get_future()
+        try:
+            cf.result(timeout)
+        except TimeoutError:
+            if not cf.done():  # our wait ran out (not an operation that failed with a timeout)
+                raise DistTimeoutError(f"{self.name} did not complete within {timeout} s (it is still running)") from None
+            raise
+        return True
+
+    def get_future(self) -> concurrent.futures.Future[Any]:
+        """A thread-safe future completing with the operation."""
+        if self._cf is None:
+            cf: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            self._cf = cf
+            if self._future.done():
+                self._copy_to_cf(self._future)
+            elif self._on_loop_thread():
+                self._future.add_done_callback(self._copy_to_cf)
+            else:
+                self._loop.call_soon_threadsafe(self._future.add_done_callback, self._copy_to_cf)
+        return self._cf
+
+    def _copy_to_cf(self, fut: asyncio.Future[Any]) -> None:
+        cf = self._cf
+        assert cf is not None
+        if cf.done():
+            return
+        if fut.cancelled():
+            cf.set_exception(DistError(f"{self.name} was cancelled"))
+        elif fut.exception() is not None:
+            cf.set_exception(fut.exception())  # type: ignore[arg-type]
+        else:
+            cf.set_result(fut.result())
+
+    def _on_loop_thread(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
+    # torch compatibility
+    def source_rank(self) -> int:
+        """The sender of a completed ``recv``/``irecv`` (torch's ``Work.source_rank``)."""
+        return int(self.result())
+
+    def synchronize(self) -> None:
+        """No-op for host tensors (torch uses it for CUDA streams)."""

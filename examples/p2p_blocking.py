@@ -1,0 +1,51 @@
+"""Blocking point-to-point communication, from the PyTorch distributed tutorial.
+
+Four processes; rank 0 sends a tensor to rank 3. The only change from the torch.distributed
+version is the import line: ``import aiodist.sync as dist`` instead of
+``import torch.distributed as dist`` (set EXAMPLE_BACKEND=torch to run it on torch's gloo).
+"""
+
+import os
+
+import torch
+import torch.multiprocessing as mp
+
+if os.environ.get("EXAMPLE_BACKEND") == "torch":
+    import torch.distributed as dist
+else:
+    import aiodist.sync as dist
+
+
+def run(rank, size):
+    """Blocking point-to-point communication."""
+    tensor = torch.zeros(1)
+    if rank == 0:
+        tensor += 1
+        # Send the tensor to process 3
+        dist.send(tensor=tensor, dst=3)
+    elif rank == 3:
+        # Receive tensor from process 0
+        dist.recv(tensor=tensor, src=0)
+    print("Rank ", rank, " has data ", tensor[0].item(), flush=True)
+
+
+def init_process(rank, size, fn, backend="gloo"):
+    """Initialize the distributed environment."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ.setdefault("MASTER_PORT", "29500")
+    dist.init_process_group(backend, rank=rank, world_size=size)
+    fn(rank, size)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    size = 4
+    processes = []
+    mp.set_start_method("spawn")
+    for rank in range(size):
+        p = mp.Process(target=init_process, args=(rank, size, run))
+        p.start()
+        processes.append(p)
+    for p in processes:
+        p.join()
+    raise SystemExit(max(abs(p.exitcode or 0) for p in processes))

@@ -1,0 +1,384 @@
+"""The launchers ``aiodist.run`` and ``aiodist.launch``, run as real subprocesses (FAULTS rows 19-21).
+
+Worker scripts live in ``tests/launcher_scripts``; they report through files in ``$OUT_DIR``.
+Every test is bounded by a pytest-timeout mark and by the subprocess timeouts below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aiodist._launcher.config import STDERR, STDOUT, parse_config, parse_stream_spec
+from aiodist._launcher.env import resolve_secret
+from aiodist._launcher.relay import LineSplitter, Tail
+from aiodist._launcher.summary import describe_exit
+
+pytestmark = pytest.mark.timeout(30)
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "tests" / "launcher_scripts"
+RUN_TIMEOUT = 20.0
+
+
+def _env(out_dir: Path, **extra: str) -> dict[str, str]:
+    """The launcher's environment: ours without job variables that would leak into the test."""
+    env = {k: v for k, v in os.environ.items() if k not in ("AIODIST_SECRET", "OMP_NUM_THREADS", "RANK")}
+    env["OUT_DIR"] = str(out_dir)
+    env.update(extra)
+    return env
+
+
+def _launch(
+    args: list[str], out_dir: Path, *, module: str = "aiodist.run", **extra: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        env=_env(out_dir, **extra),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
+
+
+def _records(out_dir: Path) -> dict[int, dict[str, Any]]:
+    """rank -> the JSON written by env_dump.py."""
+    return {int(p.stem.split("_")[1]): json.loads(p.read_text()) for p in out_dir.glob("rank_*.json")}
+
+
+def _alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _assert_gone(pids: list[int], within: float = 3.0) -> None:
+    deadline = time.monotonic() + within
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in pids if _alive(pid)], "processes survived the launcher"
+
+
+def _wait_for(paths: list[Path], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline, f"workers never wrote {paths}"
+        time.sleep(0.02)
+
+
+# -- environment contract ---------------------------------------------------------------------
+
+
+def test_env_contract_single_node(tmp_path: Path) -> None:
+    proc = _launch(["--nproc-per-node", "2", "--standalone", str(SCRIPTS / "env_dump.py")], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    records = _records(tmp_path)
+    assert sorted(records) == [0, 1]
+    envs = [records[r]["env"] for r in (0, 1)]
+    for rank, env in enumerate(envs):
+        assert env["RANK"] == env["LOCAL_RANK"] == env["ROLE_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == env["ROLE_WORLD_SIZE"] == "2"
+        assert (env["GROUP_RANK"], env["GROUP_WORLD_SIZE"]) == ("0", "1")
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        assert env["TORCHELASTIC_RESTART_COUNT"] == env["AIODIST_RESTART_COUNT"] == "0"
+        assert env["OMP_NUM_THREADS"] == "1"
+    assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"] and int(envs[0]["MASTER_PORT"]) > 0
+    # A fresh secret, generated once and shared by every worker.
+    assert re.fullmatch(r"[0-9a-f]{64}", envs[0]["AIODIST_SECRET"])
+    assert envs[0]["AIODIST_SECRET"] == envs[1]["AIODIST_SECRET"]
+    assert "OMP_NUM_THREADS=1" in proc.stderr
+
+
+def test_user_secret_and_omp_threads_are_kept(tmp_path: Path) -> None:
+    proc = _launch(
+        ["--nproc_per_node=2", str(SCRIPTS / "env_dump.py")],
+        tmp_path,
+        AIODIST_SECRET="s3cret",
+        OMP_NUM_THREADS="3",
+    )
+    assert proc.returncode == 0, proc.stderr
+    for record in _records(tmp_path).values():
+        assert record["env"]["AIODIST_SECRET"] == "s3cret"
+        assert record["env"]["OMP_NUM_THREADS"] == "3"
+        assert record["env"]["MASTER_PORT"] == "29500"
+
+
+def test_multi_node_rank_math(tmp_path: Path) -> None:
+    args = ["--nnodes", "2", "--node_rank", "1", "--nproc-per-node", "2", "--master-addr", "10.1.2.3"]
+    proc = _launch(
+        [*args, "--master_port", "29555", str(SCRIPTS / "env_dump.py")], tmp_path, AIODIST_SECRET="k"
+    )
+    assert proc.returncode == 0, proc.stderr
+    records = _records(tmp_path)
+    assert sorted(records) == [2, 3]
+    for rank, record in records.items():
+        env = record["env"]
+        assert env["LOCAL_RANK"] == str(rank - 2)
+        assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("4", "2")
+        assert (env["GROUP_RANK"], env["GROUP_WORLD_SIZE"]) == ("1", "2")
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.1.2.3", "29555")
+        assert env["AIODIST_SECRET"] == "k"
+
+
+def test_multi_node_without_secret_warns_and_generates_none(tmp_path: Path) -> None:
+    proc = _launch(["--nnodes", "2", "--node-rank", "0", str(SCRIPTS / "env_dump.py")], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "AIODIST_SECRET is not set" in proc.stderr
+    assert _records(tmp_path)[0]["env"]["AIODIST_SECRET"] is None
+
+
+# -- output -----------------------------------------------------------------------------------
+
+
+def test_output_is_prefixed_per_rank(tmp_path: Path) -> None:
+    proc = _launch(["--nproc-per-node", "2", str(SCRIPTS / "env_dump.py")], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    for rank in (0, 1):
+        assert f"[rank {rank}]: hello from rank {rank}" in lines
+        # The partial last line is kept, on a line of its own.
+        assert f"[rank {rank}]: no newline at the end" in lines
+    assert all(line.startswith("[rank ") for line in lines)
+
+
+def test_log_dir_layout(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    proc = _launch(
+        ["--nproc-per-node", "2", "--log-dir", str(logs), "--run-id", "job7", str(SCRIPTS / "env_dump.py")],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):
+        directory = logs / "job7" / "attempt_0" / str(rank)
+        # Raw bytes, no prefix.
+        assert (directory / "stdout.log").read_text() == f"hello from rank {rank}\nno newline at the end"
+        assert (directory / "stderr.log").read_text() == ""
+    assert "[rank 0]: hello from rank 0" in proc.stdout
+
+
+def test_redirects_keep_stdout_off_the_console(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    args = ["--nproc-per-node", "2", "--log-dir", str(logs), "--run-id", "r", "--redirects", "1"]
+    proc = _launch([*args, str(SCRIPTS / "env_dump.py")], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "hello" not in proc.stdout
+    assert "hello from rank 1" in (logs / "r" / "attempt_0" / "1" / "stdout.log").read_text()
+    assert not (logs / "r" / "attempt_0" / "1" / "stderr.log").exists()
+
+
+def test_tee_without_log_dir_and_rank_filter(tmp_path: Path) -> None:
+    args = ["--nproc-per-node", "2", "--tee", "3", "--local-ranks-filter", "1", str(SCRIPTS / "env_dump.py")]
+    proc = _launch(args, tmp_path, TMPDIR=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == [
+        "[rank 1]: hello from rank 1",
+        "[rank 1]: no newline at the end",
+    ]
+    match = re.search(r"worker logs: (\S+)", proc.stderr)
+    assert match, proc.stderr
+    assert (
+        (Path(match.group(1)) / "attempt_0" / "0" / "stdout.log").read_text().startswith("hello from rank 0")
+    )
+
+
+def test_module_and_no_python(tmp_path: Path) -> None:
+    proc = _launch(["--nproc-per-node", "2", "-m", "tests.launcher_scripts.env_dump"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(_records(tmp_path)) == [0, 1]
+    proc = _launch(
+        ["--nproc-per-node", "2", "--no-python", "sh", "-c", 'echo "r=$RANK/$WORLD_SIZE"'], tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["[rank 0]: r=0/2", "[rank 1]: r=1/2"]
+
+
+@pytest.mark.timeout(60)
+def test_real_job_rendezvous_through_rank_zero(tmp_path: Path) -> None:
+    """The launcher starts no store: rank 0's init_process_group hosts it at MASTER_ADDR:MASTER_PORT."""
+    pytest.importorskip("aiodist.sync")
+    proc = _launch(["--standalone", "--nproc-per-node", "2", str(SCRIPTS / "allreduce.py")], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in (0, 1):
+        assert f"[rank {rank}]: sum [3, 3, 3, 3] on {rank} of 2" in proc.stdout.splitlines()
+
+
+# -- failures (FAULTS 19, 20) -----------------------------------------------------------------
+
+
+def _summary_pid(stderr: str) -> int:
+    match = re.search(r"^\s+pid\s+: (\d+)$", stderr, re.MULTILINE)
+    assert match, stderr
+    return int(match.group(1))
+
+
+def test_failing_worker_stops_the_others(tmp_path: Path) -> None:
+    started = time.monotonic()
+    proc = _launch(
+        ["--nproc-per-node", "2", str(SCRIPTS / "fail_one.py")], tmp_path, AIODIST_TERM_TIMEOUT="10"
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1
+    summary = proc.stderr[proc.stderr.index("worker group failed") :]
+    assert re.search(r"rank\s+: 1 \(local_rank 1", summary), summary
+    assert "exit code 1" in summary
+    assert "ValueError: boom from rank 1" in summary and "Traceback (most recent call last)" in summary
+    assert _summary_pid(summary) not in (int((tmp_path / "pid_0").read_text()), os.getpid())
+    assert "1 other worker(s) were stopped" in summary
+    # SIGTERM ended rank 0 well before the 10 s grace period; neither it nor its child survives.
+    assert elapsed < 8
+    _assert_gone([int((tmp_path / name).read_text()) for name in ("pid_0", "child_0")])
+
+
+def test_worker_ignoring_sigterm_gets_sigkill(tmp_path: Path) -> None:
+    args = ["--nproc-per-node", "2", "--term-timeout", "0.5", str(SCRIPTS / "fail_one.py"), "--ignore-term"]
+    proc = _launch(args, tmp_path)
+    assert proc.returncode == 1
+    assert "after SIGTERM; sending SIGKILL" in proc.stderr
+    _assert_gone([int((tmp_path / name).read_text()) for name in ("pid_0", "child_0")])
+
+
+def test_sigkilled_worker_restarts_once(tmp_path: Path) -> None:
+    proc = _launch(["--nproc-per-node", "2", "--max-restarts", "1", str(SCRIPTS / "self_kill.py")], tmp_path)
+    assert proc.returncode == 1
+    markers = sorted(p.name for p in tmp_path.glob("attempt_*"))
+    assert markers == ["attempt_0_rank_0", "attempt_0_rank_1", "attempt_1_rank_0", "attempt_1_rank_1"]
+    assert proc.stderr.count("restarting it (restart 1 of 1)") == 1
+    summary = proc.stderr[proc.stderr.index("worker group failed (") :]
+    assert "restarts used: 1 of 1" in summary
+    assert "killed by SIGKILL (exit code -9)" in summary
+    assert re.search(r"rank\s+: 0 \(local_rank 0", summary), summary
+
+
+def test_restart_then_success(tmp_path: Path) -> None:
+    proc = _launch(["--nproc-per-node", "2", "--max_restarts=2", str(SCRIPTS / "flaky.py")], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "[rank 0]: rank 0 attempt 1" in proc.stdout.splitlines()
+    assert "attempt 2" not in proc.stdout
+    assert "rank 0 (local_rank 0, pid" in proc.stderr and "exit code 3" in proc.stderr
+
+
+def test_missing_executable(tmp_path: Path) -> None:
+    proc = _launch(["--no-python", str(tmp_path / "no-such-program")], tmp_path)
+    assert proc.returncode == 1
+    assert "cannot start local_rank 0" in proc.stderr
+
+
+# -- launcher signals (FAULTS 21) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_launcher_signal_is_forwarded(tmp_path: Path, signum: signal.Signals) -> None:
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "aiodist.run", "--nproc-per-node", "2", str(SCRIPTS / "wait_signal.py")],
+        cwd=REPO,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for([tmp_path / "ready_0", tmp_path / "ready_1"])
+        launcher.send_signal(signum)
+        _, stderr = launcher.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 128 + signum
+    for rank in (0, 1):
+        assert (tmp_path / f"got_{signum.name}_{rank}").exists()
+    assert f"received {signum.name}" in stderr
+
+
+# -- legacy launcher ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_env", [False, True])
+def test_legacy_launch_local_rank_argument(tmp_path: Path, use_env: bool) -> None:
+    flags = ["--use-env"] if use_env else []
+    args = ["--nproc_per_node", "2", *flags, str(SCRIPTS / "env_dump.py"), "--foo", "1"]
+    proc = _launch(args, tmp_path, module="aiodist.launch")
+    assert proc.returncode == 0, proc.stderr
+    for rank, record in _records(tmp_path).items():
+        expected = ["--foo", "1"] if use_env else [f"--local_rank={rank}", "--foo", "1"]
+        assert record["argv"] == expected
+        assert record["env"]["LOCAL_RANK"] == str(rank)
+
+
+# -- command line -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nnodes", "1:2"], "elastic"),
+        (["--nnodes", "2", "--node-rank", "2"], "out of range"),
+        (["--standalone", "--nnodes", "2"], "single node"),
+        (["--nproc-per-node", "many"], "--nproc-per-node"),
+        (["--tee", "4"], "--tee"),
+    ],
+)
+def test_bad_command_line(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = _launch([*args, str(SCRIPTS / "env_dump.py")], tmp_path)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert not _records(tmp_path)
+
+
+def test_parse_config_details() -> None:
+    config = parse_config(
+        ["--nproc-per-node", "auto", "--nnodes", "3:3", "--node-rank", "2", "x.py"], prog="t"
+    )
+    assert config.nproc_per_node == (os.cpu_count() or 1)
+    assert (config.nnodes, config.world_size, config.global_rank(1)) == (
+        3,
+        3 * config.nproc_per_node,
+        2 * config.nproc_per_node + 1,
+    )
+    ignored = parse_config(
+        ["--rdzv-backend", "c10d", "--rdzv_id", "myjob", "x.py", "--nnodes", "9"], prog="t"
+    )
+    assert ignored.run_id == "myjob" and ignored.script_args == ("--nnodes", "9") and ignored.nnodes == 1
+    assert any("--rdzv-backend is ignored" in notice for notice in ignored.notices)
+    spec = parse_stream_spec("0:1,1:3", "--tee")
+    assert (spec.mask(0), spec.mask(1), spec.mask(5)) == (STDOUT, STDOUT | STDERR, 0)
+
+
+# -- pure helpers -------------------------------------------------------------------------------
+
+
+def test_line_splitter_at_every_offset() -> None:
+    data = b"alpha\nbeta\n\ngam" + b"ma\ndelta"
+    for cut in range(len(data) + 1):
+        splitter = LineSplitter()
+        lines = splitter.feed(data[:cut]) + splitter.feed(data[cut:]) + splitter.flush()
+        assert lines == [b"alpha\n", b"beta\n", b"\n", b"gamma\n", b"delta\n"]
+
+
+def test_line_splitter_caps_long_lines_and_tail_keeps_the_end() -> None:
+    splitter = LineSplitter(max_line=4)
+    assert splitter.feed(b"abcdefghij") == [b"abcd\n", b"efgh\n"]
+    assert splitter.flush() == [b"ij\n"]
+    tail = Tail(max_bytes=32)
+    tail.feed(b"".join(b"line %d\n" % i for i in range(100)))
+    assert tail.lines(2) == ["line 98", "line 99"]
+
+
+def test_secret_policy_and_exit_descriptions() -> None:
+    assert resolve_secret({"AIODIST_SECRET": "mine"}, 4) == ("mine", None)
+    generated, warning = resolve_secret({}, 1)
+    assert generated is not None and len(generated) == 64 and warning is None
+    assert resolve_secret({}, 2)[0] is None
+    assert describe_exit(-9) == "killed by SIGKILL (exit code -9)"
+    assert describe_exit(1) == "exit code 1"

@@ -1,0 +1,212 @@
+"""Point-to-point and Work semantics over the in-memory transport (ranks as tasks)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from aiodist import CollectiveMismatchError, DistTimeoutError, DistValueError
+from aiodist.group import ProcessGroup
+from aiodist.testing import memory_world, run_memory_world
+
+
+async def test_send_recv_tags_and_any_source() -> None:
+    async def fn(g: ProcessGroup) -> object:
+        if g.rank == 0:
+            a = np.arange(10, dtype=np.float32)
+            await g.send(a, 3, tag=0)
+            await g.send(a * 2, 3, tag=7)
+            return None
+        if g.rank == 3:
+            tagged = np.zeros(10, np.float32)
+            plain = np.zeros(10, np.float32)
+            w7 = g.recv(tagged, 0, tag=7)  # posted first, but only tag 7 matches it
+            src = await g.recv(plain, None)
+            await w7
+            return src, plain.tolist(), tagged.tolist()
+        return None
+
+    res = await run_memory_world(4, fn)
+    src, plain, tagged = res[3]  # type: ignore[misc]
+    assert src == 0
+    assert plain == list(range(10))
+    assert tagged == [2 * i for i in range(10)]
+
+
+async def test_any_source_returns_each_sender() -> None:
+    async def fn(g: ProcessGroup) -> object:
+        if g.rank == 0:
+            seen = []
+            for _ in range(g.size - 1):
+                buf = np.zeros(1, np.int64)
+                src = await g.recv(buf)
+                assert buf[0] == src * 100
+                seen.append(src)
+            return sorted(seen)
+        await g.send(np.array([g.rank * 100], np.int64), 0)
+        return None
+
+    assert (await run_memory_world(5, fn))[0] == [1, 2, 3, 4]
+
+
+async def test_non_overtaking_many_in_flight() -> None:
+    n = 200
+
+    async def fn(g: ProcessGroup) -> object:
+        if g.rank == 0:
+            works = [g.send(np.full(3, i, np.int32), 1) for i in range(n)]
+            await asyncio.gather(*works)
+            return None
+        bufs = [np.zeros(3, np.int32) for _ in range(n)]
+        works = [g.recv(b, 0) for b in bufs]  # all posted at once
+        await asyncio.gather(*works)
+        return [int(b[0]) for b in bufs]
+
+    assert (await run_memory_world(2, fn))[1] == list(range(n))
+
+
+async def test_messages_arriving_before_the_receive_are_held() -> None:
+    async def fn(g: ProcessGroup) -> object:
+        if g.rank == 0:
+            for i in range(5):
+                await g.send(np.full(2, i, np.float64), 1, tag=i)
+            return None
+        await asyncio.sleep(0.05)
+        out = []
+        for i in reversed(range(5)):
+            b = np.zeros(2)
+            await g.recv(b, 0, tag=i)
+            out.append(b[0])
+        return out
+
+    assert (await run_memory_world(2, fn))[1] == [4, 3, 2, 1, 0]
+
+
+async def test_size_and_dtype_mismatch_raise() -> None:
+    async def fn(g: ProcessGroup) -> object:
+        if g.rank == 0:
+            await g.send(np.zeros(10, np.float32), 1)
+            await g.send(np.zeros(4, np.float32), 1, tag=1)
+            return None
+        with pytest.raises(CollectiveMismatchError, match="rank 0"):
+            await g.recv(np.zeros(20, np.float32), 0)
+        with pytest.raises(CollectiveMismatchError, match="float32"):
+            await g.recv(np.zeros(4, np.int32), 0, tag=1)
+        return "ok"
+
+    assert (await run_memory_world(2, fn))[1] == "ok"
+
+
+async def test_misuse_is_a_clear_error() -> None:
+    fabric, groups = memory_world(2)
+    g = groups[0]
+    with pytest.raises(DistValueError, match="dst=5"):
+        g.send(np.zeros(1), 5)
+    with pytest.raises(DistValueError, match="own rank"):
+        g.send(np.zeros(1), 0)
+    with pytest.raises(TypeError, match="tag"):
+        g.send(np.zeros(1), 1, tag="x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tensor"):
+        g.recv(np.zeros((4, 4))[:, 0], 1)  # not contiguous
+    ro = np.zeros(3)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="tensor"):
+        g.recv(ro, 1)
+
+
+async def test_recv_timeout_does_not_poison_the_group() -> None:
+    fabric, groups = memory_world(2, timeout=0.2)
+    g0, g1 = groups
+    buf = np.zeros(1)
+    with pytest.raises(DistTimeoutError, match="rank 0"):
+        await g1.recv(buf, 0)
+    # the same pair and tag still work afterwards, and the late message goes to the new receive
+    await g0.send(np.ones(1), 1)
+    assert await g1.recv(buf, 0) == 0 and buf[0] == 1
+
+
+async def test_work_semantics() -> None:
+    fabric, (g0, g1) = memory_world(2)
+    buf = np.zeros(4)
+    work = g1.recv(buf, 0)
+    assert not work.is_completed() and work.exception() is None
+    # a thread can wait() while the loop runs
+    result: list[object] = []
+    t = threading.Thread(target=lambda: result.append(work.wait(timeout=5)))
+    t.start()
+    await asyncio.sleep(0.01)
+    await g0.send(np.arange(4.0), 1)
+    assert await work == 0
+    await asyncio.to_thread(t.join, 5)
+    assert result == [True]
+    assert work.is_completed() and work.is_success() and work.result() == 0
+    assert buf.tolist() == [0, 1, 2, 3]
+    assert work.get_future().result(1) == 0
+
+
+async def test_failed_work_reraises_everywhere() -> None:
+    fabric, (g0, g1) = memory_world(2)
+    work = g1.recv(np.zeros(3, np.float32), 0)
+    await g0.send(np.zeros(5, np.float32), 1)
+    with pytest.raises(CollectiveMismatchError):
+        await work
+    assert work.is_completed() and not work.is_success()
+    assert isinstance(work.exception(), CollectiveMismatchError)
+    with pytest.raises(CollectiveMismatchError):
+        work.result()
+    with pytest.raises(CollectiveMismatchError):
+        await asyncio.to_thread(work.wait)
+
+
+async def test_wait_timeout_leaves_operation_running() -> None:
+    fabric, (g0, g1) = memory_world(2)
+    buf = np.zeros(1)
+    work = g1.recv(buf, 0)
+    with pytest.raises(DistTimeoutError, match="still running"):
+        await asyncio.to_thread(work.wait, 0.05)
+    await g0.send(np.ones(1), 1)
+    assert await work == 0 and buf[0] == 1
+
+
+async def test_cancelling_the_awaiting_task_keeps_the_operation() -> None:
+    fabric, (g0, g1) = memory_world(2)
+    buf = np.zeros(1)
+    work = g1.recv(buf, 0)
+    waiter = asyncio.ensure_future(_await(work))
+    await asyncio.sleep(0.01)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert not work.is_completed()
+    await g0.send(np.full(1, 7.0), 1)
+    assert await work == 0 and buf[0] == 7
+
+
+async def _await(work: object) -> object:
+    return await work  # type: ignore[misc]
+
+
+async def test_lost_peer_fails_pending_and_later_operations() -> None:
+    fabric, groups = memory_world(3)
+    work = groups[0].recv(np.zeros(1), 2)
+    fabric.kill(2)
+    with pytest.raises(Exception, match="rank 2"):
+        await work
+    with pytest.raises(Exception, match="broken"):
+        groups[0].send(np.zeros(1), 1)
+
+
+async def test_barrier_all_sizes() -> None:
+    for n in range(1, 8):
+        order: list[int] = []
+
+        async def fn(g: ProcessGroup) -> None:
+            await asyncio.sleep(0.001 * g.rank)
+            order.append(g.rank)
+            await g.barrier()
+            assert len(order) == g.size  # nobody leaves before everybody arrived
+
+        await run_memory_world(n, fn)
