@@ -107,13 +107,17 @@ class ProcessGroup:
             raise err from self.broken
 
     def _on_peer_lost(self, peer: int, exc: DistNetworkError) -> None:
+        """A member is gone: the group is broken for every later call.
+
+        An operation in flight fails as soon as it needs the lost rank: at once when it waits
+        for that rank's data (the transport fails those receives), when it next sends to it,
+        or when another member abandons the operation for the same reason (``_body`` tells
+        every member). One that already has all it needs from the lost rank completes, so a
+        rank that leaves right after the last collective does not fail the others.
+        """
         if peer not in self._group_rank or self.broken is not None:
             return
         self.broken = exc
-        for op in list(self._inflight.values()):
-            err = DistNetworkError(f"{op.name} on rank {self.global_rank} failed: {exc}")
-            err.__cause__ = exc
-            self._fail(op, err)
 
     def _on_key_failed(self, key: Key, exc: BaseException) -> None:
         if key[0] != self.gid:
@@ -165,28 +169,38 @@ class ProcessGroup:
         else:
             fut.set_exception(err)
 
-    def start(self, name: str, key: Key, coro: Coroutine[Any, Any, Any], timeout: float | None = None,
-              abandon_on_error: bool = True) -> Work:
+    def start(self, name: str, key: Key, coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Work:
         """Run ``coro`` as the operation ``name`` with message key ``key``; return its Work."""
         op = _Op(name, key)
         op.is_task = True
-        task = self.loop.create_task(self._body(op, coro, abandon_on_error))
+        task = self.loop.create_task(self._body(op, coro))
         self._track(op, task, timeout)
         return Work(task, name)
 
-    async def _body(self, op: _Op, coro: Coroutine[Any, Any, Any], abandon_on_error: bool) -> Any:
+    async def _body(self, op: _Op, coro: Coroutine[Any, Any, Any]) -> Any:
         try:
             return await coro
         except asyncio.CancelledError:
-            if op.error is not None:
-                if abandon_on_error:
-                    self.transport.abandon(op.key)
-                raise op.error from None
+            if op.error is None:
+                raise
+            self._abandon(op, op.error)
+            raise op.error from None
+        except BaseException as exc:
+            self._abandon(op, exc)
             raise
-        except BaseException:
-            if abandon_on_error:
-                self.transport.abandon(op.key)
-            raise
+
+    def _abandon(self, op: _Op, exc: BaseException) -> None:
+        """After a failure: drop the operation's stale data and, unless it merely timed out here,
+        tell the other members so that none of them waits for data this rank will not send."""
+        if op.key[1] != COLL:
+            return
+        self.transport.abandon(op.key)
+        if isinstance(exc, DistTimeoutError | asyncio.CancelledError):
+            return
+        reason = f"rank {self.global_rank} abandoned {op.name}: {exc}"
+        for r in self.ranks:
+            if r != self.global_rank and r not in self.transport.dead_peers:
+                self.transport.send_abort(r, op.key, reason)
 
     def _watch(self, name: str, key: Key, fut: asyncio.Future[Any], timeout: float | None,
                cleanup: Callable[[], None] | None = None) -> Work:
@@ -226,7 +240,7 @@ class ProcessGroup:
             return Work.failed(self.loop, name, exc)
         if isinstance(sent, asyncio.Future):
             return self._watch(name, key, sent, timeout)
-        return self.start(name, key, _await(sent), timeout, abandon_on_error=False)
+        return self.start(name, key, _await(sent), timeout)
 
     def recv(self, tensor: Any, src: int | None = None, tag: int = 0, timeout: float | None = None) -> Work:
         """Receive into ``tensor`` from global rank ``src`` (None: any member). Result: the sender."""

@@ -209,10 +209,10 @@ def test_module_and_no_python(tmp_path: Path) -> None:
 def test_real_job_rendezvous_through_rank_zero(tmp_path: Path) -> None:
     """The launcher starts no store: rank 0's init_process_group hosts it at MASTER_ADDR:MASTER_PORT."""
     pytest.importorskip("aiodist.sync")
-    proc = _launch(["--standalone", "--nproc-per-node", "2", str(SCRIPTS / "allreduce.py")], tmp_path)
+    proc = _launch(["--standalone", "--nproc-per-node", "2", str(SCRIPTS / "rendezvous.py")], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in (0, 1):
-        assert f"[rank {rank}]: sum [3, 3, 3, 3] on {rank} of 2" in proc.stdout.splitlines()
+        assert f"[rank {rank}]: joined as {rank} of 2" in proc.stdout.splitlines()
 
 
 # -- failures (FAULTS 19, 20) -----------------------------------------------------------------

@@ -341,11 +341,11 @@ def parse_stream_spec(text: str, flag: str) -> StreamSpec:
     per_rank: dict[int, int] = {}
     for item in text.split(","):
         rank, _, bits = item.partition(":")
-        per_rank[mask_rank(rank, flag)] = mask(bits)
+        per_rank[_parse_local_rank(rank, flag)] = mask(bits)
     return StreamSpec(default=0, per_rank=per_rank)
 
 
-def mask_rank(text: str, flag: str) -> int:
+def _parse_local_rank(text: str, flag: str) -> int:
     """Parses a non-negative local rank named in ``flag``'s value."""
     try:
         rank = int(text)
@@ -359,7 +359,9 @@ def mask_rank(text: str, flag: str) -> int:
 def _parse_rank_filter(text: str | None) -> frozenset[int] | None:
     if text is None:
         return None
-    return frozenset(mask_rank(item, "--local-ranks-filter") for item in text.split(",") if item.strip())
+    return frozenset(
+        _parse_local_rank(item, "--local-ranks-filter") for item in text.split(",") if item.strip()
+    )
 
 
 def _term_timeout(flag: float | None) -> float:

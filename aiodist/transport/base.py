@@ -372,6 +372,13 @@ class Transport(ABC):
     def _send_mismatch(self, dst: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
         """Tell ``dst`` that its message for ``key`` met a different operation here."""
 
+    def send_abort(self, dst: int, key: Key, reason: str) -> None:
+        """Tell ``dst`` that this rank abandoned the operation ``key`` (best effort)."""
+
+    def _abort_reported(self, src: int, key: Key, reason: str) -> None:
+        """``src`` abandoned the operation ``key``: fail ours, it will not get its data."""
+        self._key_failed(key, DistNetworkError(reason))
+
     def _mismatch_reported(self, src: int, key: Key, ours: Fingerprint | None, theirs: Fingerprint | None) -> None:
         """``src`` told us our message for ``key`` met its different operation."""
         exc = CollectiveMismatchError(

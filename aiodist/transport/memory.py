@@ -50,6 +50,11 @@ class MemoryTransport(Transport):
         if not peer.closed:
             self.loop.call_soon(peer._mismatch_reported, self.rank, key, sent, want)
 
+    def send_abort(self, dst: int, key: Key, reason: str) -> None:
+        peer = self._fabric.transports[dst]
+        if not peer.closed:
+            self.loop.call_soon(peer._abort_reported, self.rank, key, reason)
+
     async def aclose(self) -> None:
         self.abort()
 

@@ -129,6 +129,11 @@ async def _missing_error(store: Store, world_size: int, deadline: _Deadline) -> 
     except Exception:
         return DistTimeoutError(f"rendezvous timed out after {deadline.timeout:g} s (the store stopped answering)")
     missing = [r for r in range(world_size) if r not in joined]
+    if not missing:
+        return DistTimeoutError(
+            f"rendezvous timed out after {deadline.timeout:g} s: all {world_size} ranks joined the store, "
+            "but not every pair of ranks could connect (firewall, wrong AIODIST_HOST, or a different AIODIST_SECRET)"
+        )
     return DistTimeoutError(
         f"rendezvous timed out after {deadline.timeout:g} s: joined {len(joined)} of {world_size}, "
         f"missing rank{'s' if len(missing) != 1 else ''} {', '.join(map(str, missing))}"

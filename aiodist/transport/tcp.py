@@ -18,7 +18,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, cast
 
 from aiodist.errors import DistError, DistNetworkError, DistTimeoutError
 from aiodist.transport.base import DISCARD, Fingerprint, Key, PendingRecv, Transport
@@ -41,6 +41,7 @@ log = logging.getLogger("aiodist.transport")
 
 KIND_DATA = 0
 KIND_MISMATCH = 1
+KIND_ABORT = 2
 
 # Payloads up to this size are joined with their header into one bytes object: one small
 # copy is cheaper than a second buffer in the write queue.
@@ -93,8 +94,8 @@ class _PeerProtocol(asyncio.BufferedProtocol):
 
     # -- asyncio callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
         peername = transport.get_extra_info("peername")
         self.remote = f"{peername[0]}:{peername[1]}" if peername else "?"
         sock = transport.get_extra_info("socket")
@@ -105,11 +106,11 @@ class _PeerProtocol(asyncio.BufferedProtocol):
                 pass
         # Zero watermarks: pause_writing fires whenever bytes are queued, resume_writing once
         # the kernel took them all. That is exactly "every queued buffer may be reused".
-        transport.set_write_buffer_limits(high=0, low=0)
+        self.transport.set_write_buffer_limits(high=0, low=0)
         self._deadline = self.owner.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_expired)
         if not self.connector:
             self._challenge = make_challenge()
-            transport.write(encode_frame(self._challenge.pack()))
+            self.transport.write(encode_frame(self._challenge.pack()))
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._reader.get_buffer()
@@ -166,6 +167,8 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         if self.peer < 0:
             if nbytes:
                 raise ProtocolError("handshake frame with a payload")
+            # The frame ends after the handshake may have completed: mark it as not data.
+            self._target = DISCARD
             self._handshake_step(header)
             return None
         try:
@@ -186,12 +189,18 @@ class _PeerProtocol(asyncio.BufferedProtocol):
             self.owner._mismatch_reported(self.peer, (gid, chan, n), fp[0], fp[1])
             self._target = DISCARD
             return None
+        if kind == KIND_ABORT:
+            if nbytes or not isinstance(fp, str):
+                raise ProtocolError(f"malformed abort notice from rank {self.peer}")
+            self.owner._abort_reported(self.peer, (gid, chan, n), fp)
+            self._target = DISCARD
+            return None
         raise ProtocolError(f"unknown message kind {kind!r} from rank {self.peer}")
 
     def _on_frame(self, header: Any, payload: memoryview) -> None:
-        if self.peer < 0:
-            return
         target, self._target = self._target, None
+        if target is DISCARD:
+            return
         if isinstance(target, PendingRecv):
             self.owner.mailbox.complete(target, self.peer)
         elif target is None:
@@ -359,6 +368,11 @@ class TcpTransport(Transport):
         proto = self._peers.get(dst)
         if proto is not None and dst not in self.dead_peers:
             proto.write_message(encode_frame([KIND_MISMATCH, key[0], key[1], key[2], [sent, want]]), memoryview(b""))
+
+    def send_abort(self, dst: int, key: Key, reason: str) -> None:
+        proto = self._peers.get(dst)
+        if proto is not None and dst not in self.dead_peers and proto.transport is not None:
+            proto.write_message(encode_frame([KIND_ABORT, key[0], key[1], key[2], reason[:4000]]), memoryview(b""))
 
     def _resume_readers(self) -> None:
         for proto in self._paused_readers:
