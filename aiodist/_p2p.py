@@ -26,8 +26,9 @@ def send(tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: flo
     return resolve_group(group).send(tensor, dst, tag, timeout)
 
 
-def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, *,
-         timeout: float | None = None) -> Work:
+def recv(
+    tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, *, timeout: float | None = None
+) -> Work:
     """Receive into ``tensor`` from global rank ``src`` (None: from any member of the group).
 
     The Work's result is the sender's global rank. On timeout the receive is withdrawn.
@@ -40,8 +41,9 @@ def isend(tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: fl
     return resolve_group(group).send(tensor, dst, tag, timeout)
 
 
-def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, *,
-          timeout: float | None = None) -> Work:
+def irecv(
+    tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, *, timeout: float | None = None
+) -> Work:
     """Same as ``recv`` (every operation of the async face is non-blocking)."""
     return resolve_group(group).recv(tensor, src, tag, timeout)
 
@@ -58,7 +60,9 @@ class P2POp:
 
     def __post_init__(self) -> None:
         if _direction(self.op) is None:
-            raise DistTypeError("P2POp.op must be isend or irecv (of aiodist, aiodist.sync or torch.distributed)")
+            raise DistTypeError(
+                "P2POp.op must be isend or irecv (of aiodist, aiodist.sync or torch.distributed)"
+            )
         if self.peer is None and _direction(self.op) == "send":
             raise DistValueError("P2POp with isend needs a peer")
 

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiodist.errors import DistError, DistTypeError, DistValueError
+from aiodist.errors import DistError, DistTimeoutError, DistTypeError, DistValueError
 from aiodist.group import ProcessGroup
 from aiodist.rendezvous import is_loopback, local_address_towards, resolve_rendezvous
 from aiodist.store import PrefixStore, Store
@@ -107,10 +107,14 @@ async def init_process_group(
     if name not in BACKENDS:
         raise DistValueError(f"unknown backend {backend!r} (use 'tcp', 'gloo' or 'nccl')")
     if BACKENDS[name] == "nccl":
-        raise DistValueError("backend 'nccl' needs CUDA and torch's NCCL engine, which this build does not provide")
+        raise DistValueError(
+            "backend 'nccl' needs CUDA and torch's NCCL engine, which this build does not provide"
+        )
     seconds = _seconds(timeout)
     loop = asyncio.get_running_loop()
-    rdv = await resolve_rendezvous(init_method, rank=rank, world_size=world_size, timeout=seconds, store=store)
+    rdv = await resolve_rendezvous(
+        init_method, rank=rank, world_size=world_size, timeout=seconds, store=store
+    )
     _generation += 1
     job_store: Store = PrefixStore(f"aiodist/{group_name}/{_generation}", rdv.store)
     secret = secret_from_env()
@@ -119,14 +123,29 @@ async def init_process_group(
         host = local_address_towards(rdv.master_addr or "127.0.0.1")
         if secret is None and not is_loopback(host) and not _warned_insecure:
             _warned_insecure = True
-            log.warning("aiodist: no AIODIST_SECRET set and peers listen on %s: anyone who reaches it can join", host)
-        transport = await connect_mesh(job_store, my_rank, rdv.world_size, group_name=group_name, secret=secret,
-                                       host=host, timeout=seconds)
-    except BaseException:
+            log.warning(
+                "aiodist: no AIODIST_SECRET set and peers listen on %s: anyone who reaches it can join", host
+            )
+        transport = await connect_mesh(
+            job_store,
+            my_rank,
+            rdv.world_size,
+            group_name=group_name,
+            secret=secret,
+            host=host,
+            timeout=seconds,
+        )
+    except BaseException as exc:
         if rdv.owns_store:
+            if isinstance(exc, DistError) and not isinstance(exc, DistTimeoutError):
+                # We may host the store: keep it up a moment so the other ranks can read why
+                # the rendezvous failed instead of finding the store gone.
+                await asyncio.sleep(min(1.0, seconds))
             await rdv.store.aclose()
         raise
-    group = ProcessGroup(transport, range(rdv.world_size), 0, timeout=seconds, backend="tcp", name="default group")
+    group = ProcessGroup(
+        transport, range(rdv.world_size), 0, timeout=seconds, backend="tcp", name="default group"
+    )
     _world = World(group, transport, rdv.store, rdv.owns_store, "tcp", loop, [group])
     log.debug("aiodist: rank %d of %d initialised (pid %d)", my_rank, rdv.world_size, os.getpid())
 
@@ -190,8 +209,9 @@ def get_backend(group: Any = None) -> str:
     return resolve_group(group).backend
 
 
-async def new_group(ranks: Any = None, timeout: float | datetime.timedelta | None = None,
-                    backend: str | None = None, **_: Any) -> ProcessGroup:
+async def new_group(
+    ranks: Any = None, timeout: float | datetime.timedelta | None = None, backend: str | None = None, **_: Any
+) -> ProcessGroup:
     """Create a group of ``ranks`` (global ranks; None = all). Every rank of the job calls it, in order.
 
     Non-members get a handle whose ``rank`` is -1; operations on it raise.

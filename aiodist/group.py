@@ -58,8 +58,16 @@ class ProcessGroup:
         backend: the name ``get_backend`` reports.
     """
 
-    def __init__(self, transport: Transport, ranks: Sequence[int], gid: int, *, timeout: float,
-                 backend: str = "tcp", name: str = "") -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        ranks: Sequence[int],
+        gid: int,
+        *,
+        timeout: float,
+        backend: str = "tcp",
+        name: str = "",
+    ) -> None:
         self.transport = transport
         self.loop = transport.loop
         self.ranks: tuple[int, ...] = tuple(ranks)
@@ -91,7 +99,9 @@ class ProcessGroup:
         try:
             return self._group_rank[global_rank]
         except KeyError:
-            raise DistValueError(f"{arg}={global_rank} is not a member of {self.name} (ranks {list(self.ranks)})") from None
+            raise DistValueError(
+                f"{arg}={global_rank} is not a member of {self.name} (ranks {list(self.ranks)})"
+            ) from None
 
     def is_member(self) -> bool:
         return self.rank >= 0
@@ -103,7 +113,9 @@ class ProcessGroup:
                 f"{what}: global rank {self.global_rank} is not a member of {self.name} (ranks {list(self.ranks)})"
             )
         if self.broken is not None:
-            err = type(self.broken)(f"{what} on rank {self.global_rank}: {self.name} is broken: {self.broken}")
+            err = type(self.broken)(
+                f"{what} on rank {self.global_rank}: {self.name} is broken: {self.broken}"
+            )
             raise err from self.broken
 
     def _on_peer_lost(self, peer: int, exc: DistNetworkError) -> None:
@@ -169,7 +181,9 @@ class ProcessGroup:
         else:
             fut.set_exception(err)
 
-    def start(self, name: str, key: Key, coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Work:
+    def start(
+        self, name: str, key: Key, coro: Coroutine[Any, Any, Any], timeout: float | None = None
+    ) -> Work:
         """Run ``coro`` as the operation ``name`` with message key ``key``; return its Work."""
         op = _Op(name, key)
         op.is_task = True
@@ -202,8 +216,14 @@ class ProcessGroup:
             if r != self.global_rank and r not in self.transport.dead_peers:
                 self.transport.send_abort(r, op.key, reason)
 
-    def _watch(self, name: str, key: Key, fut: asyncio.Future[Any], timeout: float | None,
-               cleanup: Callable[[], None] | None = None) -> Work:
+    def _watch(
+        self,
+        name: str,
+        key: Key,
+        fut: asyncio.Future[Any],
+        timeout: float | None,
+        cleanup: Callable[[], None] | None = None,
+    ) -> Work:
         """Track a plain future (a posted receive, a pending send) as an operation."""
         if fut.done():
             return Work(fut, name)
@@ -256,8 +276,9 @@ class ProcessGroup:
         return self._watch(name, key, fut, timeout, cleanup=lambda: self.transport.cancel_recv(fut))
 
     # -- collectives ----------------------------------------------------------------------
-    def next_op(self, name: str, *, dtype: str = "", count: int = 0, root: int = -1,
-                redop: str | None = None) -> OpContext:
+    def next_op(
+        self, name: str, *, dtype: str = "", count: int = 0, root: int = -1, redop: str | None = None
+    ) -> OpContext:
         """Take the next sequence number for collective ``name`` and build its context."""
         self.check_usable(name)
         seq = self._seq
@@ -265,7 +286,9 @@ class ProcessGroup:
         key = (self.gid, COLL, seq)
         return OpContext(self.transport, self.ranks, self.rank, key, [name, seq, dtype, count, root, redop])
 
-    def collective(self, ctx: OpContext, coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Work:
+    def collective(
+        self, ctx: OpContext, coro: Coroutine[Any, Any, Any], timeout: float | None = None
+    ) -> Work:
         """Start the algorithm ``coro`` for the operation described by ``ctx``."""
         assert ctx.fp is not None
         return self.start(f"{ctx.fp[0]} #{ctx.fp[1]}", ctx.key, coro, timeout)

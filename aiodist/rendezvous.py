@@ -132,8 +132,12 @@ async def resolve_rendezvous(
             raise DistValueError("init_process_group: pass either init_method or store, not both")
         rank, world_size = rank_and_size_from_env(rank, world_size)
         if world_size <= 0 or rank < 0:
-            raise DistValueError("init_process_group(store=...) needs rank and world_size (or RANK/WORLD_SIZE)")
-        return Rendezvous(store, rank, world_size, owns_store=False, master_addr=os.environ.get("MASTER_ADDR"))
+            raise DistValueError(
+                "init_process_group(store=...) needs rank and world_size (or RANK/WORLD_SIZE)"
+            )
+        return Rendezvous(
+            store, rank, world_size, owns_store=False, master_addr=os.environ.get("MASTER_ADDR")
+        )
 
     url = urlparse(init_method or "env://")
     query = {k: v[-1] for k, v in parse_qs(url.query).items()}
@@ -151,7 +155,9 @@ async def resolve_rendezvous(
             raise DistValueError(f"init_method env:// needs the environment variable {exc.args[0]}") from None
         _need_world_size(world_size, "env://")
         if rank < 0:
-            raise DistValueError("init_method env:// needs RANK (or rank=, or an mpirun/PMI/Slurm rank variable)")
+            raise DistValueError(
+                "init_method env:// needs RANK (or rank=, or an mpirun/PMI/Slurm rank variable)"
+            )
         st, owns = await _tcp_store(host, port, world_size, rank, timeout)
         return Rendezvous(st, rank, world_size, owns, host)
 
@@ -169,8 +175,14 @@ async def resolve_rendezvous(
                 raise DistValueError(
                     f"multicast rendezvous assigns ranks itself (got rank {found.rank}); pass rank=-1, not {rank}"
                 )
-            st2 = TCPStore(found.master_addr, found.master_port, world_size, is_master=found.listen_sock is not None,
-                           timeout=timeout, sock=found.listen_sock)
+            st2 = TCPStore(
+                found.master_addr,
+                found.master_port,
+                world_size,
+                is_master=found.listen_sock is not None,
+                timeout=timeout,
+                sock=found.listen_sock,
+            )
             await st2.start()
             return Rendezvous(st2, found.rank, world_size, True, found.master_addr)
         st, owns = await _tcp_store(host, port, world_size, rank, timeout)
@@ -185,11 +197,13 @@ async def resolve_rendezvous(
         fst.set_timeout(timeout)
         return Rendezvous(fst, rank, world_size, True, None)
 
-    raise DistValueError(f"init_method {init_method!r}: unknown scheme {url.scheme!r} (use env://, tcp:// or file://)")
+    raise DistValueError(
+        f"init_method {init_method!r}: unknown scheme {url.scheme!r} (use env://, tcp:// or file://)"
+    )
 
 
 def _need_world_size(world_size: int, where: str) -> None:
     if world_size <= 0:
-        raise DistValueError(f"init_method {where} needs world_size (argument, WORLD_SIZE or a launcher variable)")
-
-
+        raise DistValueError(
+            f"init_method {where} needs world_size (argument, WORLD_SIZE or a launcher variable)"
+        )

@@ -106,13 +106,17 @@ class Work:
             self.result()
             return True
         if self._on_loop_thread():
-            raise DistError(f"Work.wait() for {self.name} called on the runtime's loop thread; use 'await work'")
+            raise DistError(
+                f"Work.wait() for {self.name} called on the runtime's loop thread; use 'await work'"
+            )
         cf = self.get_future()
         try:
             cf.result(timeout)
         except TimeoutError:
             if not cf.done():  # our wait ran out (not an operation that failed with a timeout)
-                raise DistTimeoutError(f"{self.name} did not complete within {timeout} s (it is still running)") from None
+                raise DistTimeoutError(
+                    f"{self.name} did not complete within {timeout} s (it is still running)"
+                ) from None
             raise
         return True
 
@@ -137,7 +141,7 @@ class Work:
         if fut.cancelled():
             cf.set_exception(DistError(f"{self.name} was cancelled"))
         elif fut.exception() is not None:
-            cf.set_exception(fut.exception())  # type: ignore[arg-type]
+            cf.set_exception(fut.exception())
         else:
             cf.set_result(fut.result())
 

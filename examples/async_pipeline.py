@@ -48,8 +48,11 @@ async def main() -> None:
     if rank == size - 1:
         expected = [i + sum(range(size)) for i in range(MICRO_BATCHES)]
         ok = results == expected
-        print(f"last stage {rank}: {MICRO_BATCHES} micro-batches of {WIDTH} floats, first values "
-              f"{results[:4]}... {'correct' if ok else 'WRONG'} in {elapsed * 1e3:.1f} ms", flush=True)
+        print(
+            f"last stage {rank}: {MICRO_BATCHES} micro-batches of {WIDTH} floats, first values "
+            f"{results[:4]}... {'correct' if ok else 'WRONG'} in {elapsed * 1e3:.1f} ms",
+            flush=True,
+        )
         if not ok:
             raise SystemExit(1)
     else:

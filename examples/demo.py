@@ -15,12 +15,15 @@ PY = sys.executable
 # (title, command). Scripts that start their own processes run directly; the rest run
 # under the launcher, as a user would run them.
 DEMOS: list[tuple[str, list[str]]] = [
-    ("tutorial: blocking point-to-point, 4 ranks, rank 0 -> rank 3 (sync face, torch tensors)",
-     [PY, str(HERE / "p2p_blocking.py")]),
-    ("tutorial: non-blocking point-to-point (isend/irecv + wait)",
-     [PY, str(HERE / "p2p_nonblocking.py")]),
-    ("async pipeline: 4 stages, 16 micro-batches in flight (async face, via aiodist-run)",
-     [PY, "-m", "aiodist.run", "--nproc-per-node", "4", str(HERE / "async_pipeline.py")]),
+    (
+        "tutorial: blocking point-to-point, 4 ranks, rank 0 -> rank 3 (sync face, torch tensors)",
+        [PY, str(HERE / "p2p_blocking.py")],
+    ),
+    ("tutorial: non-blocking point-to-point (isend/irecv + wait)", [PY, str(HERE / "p2p_nonblocking.py")]),
+    (
+        "async pipeline: 4 stages, 16 micro-batches in flight (async face, via aiodist-run)",
+        [PY, "-m", "aiodist.run", "--nproc-per-node", "4", str(HERE / "async_pipeline.py")],
+    ),
 ]
 
 
@@ -33,12 +36,16 @@ def free_port() -> int:
 def main() -> int:
     failures = 0
     for title, cmd in DEMOS:
-        print(f"\n=== {title}\n$ {' '.join(Path(c).name if c.endswith('.py') else c for c in cmd[1:])}", flush=True)
+        print(
+            f"\n=== {title}\n$ {' '.join(Path(c).name if c.endswith('.py') else c for c in cmd[1:])}",
+            flush=True,
+        )
         env = dict(os.environ, MASTER_PORT=str(free_port()), PYTHONUNBUFFERED="1")
         start = time.monotonic()
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
-        lines = sorted(proc.stdout.splitlines()) if "aiodist.run" not in cmd else proc.stdout.splitlines()
-        for line in lines:
+        proc = subprocess.run(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120
+        )
+        for line in proc.stdout.splitlines():
             print("   ", line)
         status = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
         print(f"--- {status} in {time.monotonic() - start:.1f} s", flush=True)

@@ -101,7 +101,7 @@ async def test_size_and_dtype_mismatch_raise() -> None:
 
 
 async def test_misuse_is_a_clear_error() -> None:
-    fabric, groups = memory_world(2)
+    _fabric, groups = memory_world(2)
     g = groups[0]
     with pytest.raises(DistValueError, match="dst=5"):
         g.send(np.zeros(1), 5)
@@ -118,7 +118,7 @@ async def test_misuse_is_a_clear_error() -> None:
 
 
 async def test_recv_timeout_does_not_poison_the_group() -> None:
-    fabric, groups = memory_world(2, timeout=0.2)
+    _fabric, groups = memory_world(2, timeout=0.2)
     g0, g1 = groups
     buf = np.zeros(1)
     with pytest.raises(DistTimeoutError, match="rank 0"):
@@ -129,7 +129,7 @@ async def test_recv_timeout_does_not_poison_the_group() -> None:
 
 
 async def test_work_semantics() -> None:
-    fabric, (g0, g1) = memory_world(2)
+    _fabric, (g0, g1) = memory_world(2)
     buf = np.zeros(4)
     work = g1.recv(buf, 0)
     assert not work.is_completed() and work.exception() is None
@@ -148,7 +148,7 @@ async def test_work_semantics() -> None:
 
 
 async def test_failed_work_reraises_everywhere() -> None:
-    fabric, (g0, g1) = memory_world(2)
+    _fabric, (g0, g1) = memory_world(2)
     work = g1.recv(np.zeros(3, np.float32), 0)
     await g0.send(np.zeros(5, np.float32), 1)
     with pytest.raises(CollectiveMismatchError):
@@ -162,7 +162,7 @@ async def test_failed_work_reraises_everywhere() -> None:
 
 
 async def test_wait_timeout_leaves_operation_running() -> None:
-    fabric, (g0, g1) = memory_world(2)
+    _fabric, (g0, g1) = memory_world(2)
     buf = np.zeros(1)
     work = g1.recv(buf, 0)
     with pytest.raises(DistTimeoutError, match="still running"):
@@ -172,7 +172,7 @@ async def test_wait_timeout_leaves_operation_running() -> None:
 
 
 async def test_cancelling_the_awaiting_task_keeps_the_operation() -> None:
-    fabric, (g0, g1) = memory_world(2)
+    _fabric, (g0, g1) = memory_world(2)
     buf = np.zeros(1)
     work = g1.recv(buf, 0)
     waiter = asyncio.ensure_future(_await(work))
@@ -203,7 +203,7 @@ async def test_barrier_all_sizes() -> None:
     for n in range(1, 8):
         order: list[int] = []
 
-        async def fn(g: ProcessGroup) -> None:
+        async def fn(g: ProcessGroup, order: list[int] = order) -> None:
             await asyncio.sleep(0.001 * g.rank)
             order.append(g.rank)
             await g.barrier()

@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import random
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -315,9 +316,9 @@ async def test_secret_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch
         with pytest.raises(DistStoreError, match="authentication failed"):
             await TCPStore("127.0.0.1", m.port, secret=b"other").start()
     monkeypatch.delenv("AIODIST_SECRET")
-    async with TCPStore("127.0.0.1", 0, is_master=True) as m:  # no secret on either side
-        async with TCPStore("127.0.0.1", m.port) as c:
-            assert await c.add("k", 2) == 2
+    # no secret on either side
+    async with TCPStore("127.0.0.1", 0, is_master=True) as m, TCPStore("127.0.0.1", m.port) as c:
+        assert await c.add("k", 2) == 2
 
 
 # -- hostile clients (FAULTS #11, #12) -------------------------------------------------------
@@ -333,7 +334,7 @@ GARBAGE: dict[str, bytes] = {
     "oversized": struct.pack("!IQ", 16, 1 << 62),
     "huge-header": struct.pack("!IQ", 1 << 31, 0),
     "nested-msgpack": _nested(1000),
-    "too-deep-msgpack": _nested(1020),
+    "too-deep-msgpack": _nested(100_000),
     "not-a-hello": encode_frame(["welcome", -1, b""]),
     "half-frame": struct.pack("!IQ", 100, 0) + b"\x00" * 50,
 }
@@ -378,6 +379,7 @@ async def test_slow_drip_is_dropped_at_the_deadline(master: TCPStore) -> None:
 async def test_unauthenticated_connections_are_capped() -> None:
     server = StoreServer("127.0.0.1", 0, secret=SECRET, handshake_timeout=0.5, max_unauthenticated=3)
     async with server:
+        fds_before = len(os.listdir("/proc/self/fd"))
         silent = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(8)]
         await asyncio.sleep(0.1)
         # beyond the cap, connections are dropped at once; the others at the deadline
@@ -390,6 +392,8 @@ async def test_unauthenticated_connections_are_capped() -> None:
         await eventually(lambda: server.num_connections == 0)
         async with TCPStore("127.0.0.1", server.port, timeout=3, secret=SECRET) as client:
             await client.set("k", b"v")
+        await eventually(lambda: server.num_connections == 0)
+        assert len(os.listdir("/proc/self/fd")) <= fds_before
 
 
 async def test_legit_client_gets_in_during_a_flood() -> None:
@@ -429,7 +433,8 @@ async def test_warnings_are_rate_limited(master: TCPStore, caplog: pytest.LogCap
 
 BAD_REQUESTS: dict[str, bytes] = {
     "oversized-payload": struct.pack("!IQ", 5, 1 << 62) + b"\x95\x00\x00\x00\x00",
-    "nested": _nested(1020),
+    "nested-too-deep": _nested(100_000),
+    "nested-shallow": _nested(1000),
     "unknown-op": encode_frame(["explode", 1, [], [], None]),
     "not-a-list": encode_frame({"op": "get"}),
     "lens-mismatch": encode_frame(["set", 1, ["k"], [10], None], 3) + b"abc",
@@ -483,5 +488,12 @@ async def test_standalone_server_and_timeouts() -> None:
         await server.start()
 
 
-async def _run_all(*aws: Awaitable[Any]) -> list[Any]:
-    return list(await asyncio.gather(*aws))
+async def test_closing_while_connecting_stops_the_retries() -> None:
+    client = TCPStore("127.0.0.1", free_port(), timeout=10, secret=SECRET)
+    getter = asyncio.create_task(client.get("k"))
+    await asyncio.sleep(0.2)
+    t0 = time.monotonic()
+    await client.aclose()
+    with pytest.raises(DistStoreError, match="closed"):
+        await asyncio.wait_for(getter, 3)
+    assert time.monotonic() - t0 < 1.5

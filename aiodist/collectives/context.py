@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +21,8 @@ __all__ = ["OpContext", "byte_view"]
 
 def byte_view(arr: np.ndarray) -> memoryview:
     """A flat writable-if-possible byte view of a C-contiguous array (any dtype, bfloat16 too)."""
-    return memoryview(arr.reshape(-1).view(np.uint8))
+    flat: Any = arr.reshape(-1).view(np.uint8)  # numpy arrays are buffers; its stubs don't say so
+    return memoryview(flat)
 
 
 class OpContext:
@@ -34,7 +36,9 @@ class OpContext:
 
     __slots__ = ("fp", "key", "loop", "rank", "ranks", "size", "transport")
 
-    def __init__(self, transport: Transport, ranks: Sequence[int], rank: int, key: Key, fp: Fingerprint | None) -> None:
+    def __init__(
+        self, transport: Transport, ranks: Sequence[int], rank: int, key: Key, fp: Fingerprint | None
+    ) -> None:
         self.transport = transport
         self.ranks = ranks
         self.rank = rank

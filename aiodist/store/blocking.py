@@ -9,7 +9,6 @@ both faces. ``timeout`` is a ``datetime.timedelta`` here, as in torch.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 import socket
@@ -119,7 +118,9 @@ class TCPStore(BlockingStore):
     """Blocking ``TCPStore``: the constructor starts the server (master) and connects.
 
     Same arguments as ``aiodist.store.TCPStore``; ``wait_for_workers`` and ``use_libuv`` are
-    accepted for torch compatibility and ignored.
+    accepted for torch compatibility and ignored. Close it explicitly (``close()`` or ``with``):
+    dropping this wrapper does not stop the connection or a master's server, because the
+    wrapped ``async_store`` may live on (``init_process_group(store=TCPStore(...))``).
 
     Raises:
         DistStoreError: the server could not be started, reached or authenticated with.
@@ -161,14 +162,6 @@ class TCPStore(BlockingStore):
     @property
     def port(self) -> int:
         return self._store.port
-
-    def __del__(self) -> None:
-        # A dropped master must not leave its server running on the loop thread.
-        store = self.__dict__.get("_store")
-        if store is not None and store.is_master:
-            # At interpreter shutdown the loop may be gone already; then so is the server.
-            with contextlib.suppress(Exception):
-                get_loop_thread().loop.call_soon_threadsafe(store.abort)
 
 
 class FileStore(BlockingStore):

@@ -263,6 +263,8 @@ class TCPStore(Store):
         attempts, delay = 0, _FIRST_BACKOFF
         last: BaseException | None = None
         while True:
+            if self._closed:  # closed by another task while we were retrying
+                raise DistStoreError(f"the TCPStore for {self._addr} was closed while connecting")
             attempts += 1
             try:
                 await self._connect_once(max(deadline - loop.time(), 0.01))
@@ -289,6 +291,8 @@ class TCPStore(Store):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             async with asyncio.timeout(min(budget, self._handshake_timeout)):
                 await self._handshake(reader, writer)
+            if self._closed:
+                raise DistStoreError(f"the TCPStore for {self._addr} was closed while connecting")
         except BaseException:
             writer.transport.abort()
             raise
@@ -404,7 +408,8 @@ class TCPStore(Store):
                         f"store at {self._addr} did not answer {op} within {wait + _GRACE:g} s"
                     ) from None
         except BaseException:
-            if not fut.done():
+            # Still pending means no answer came (cancelling us also cancelled ``fut``).
+            if rid in self._pending:
                 self._withdraw(rid)
             raise
         if resp.status == "ok":

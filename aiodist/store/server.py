@@ -185,7 +185,7 @@ class _WarnLimiter:
 class _Conn:
     """One client connection: its streams, its waiting requests, and how it must end."""
 
-    __slots__ = ("addr", "host", "poisoned", "reader", "tasks", "writer")
+    __slots__ = ("addr", "authenticated", "host", "poisoned", "reader", "tasks", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
@@ -194,6 +194,7 @@ class _Conn:
         self.tasks: dict[int, asyncio.Task[None]] = {}
         # A poisoned connection is aborted (RST, buffers dropped) instead of closed gracefully.
         self.poisoned = False
+        self.authenticated = False
 
     def send(self, header: list[Any], values: Sequence[bytes] = ()) -> None:
         if self.writer.is_closing():
@@ -249,6 +250,7 @@ class StoreServer:
         self._limits = limits
         self._table = KeyTable()
         self._server: asyncio.Server | None = None
+        self._bound_port: int | None = None  # kept after closing, for messages
         self._closed = False
         self._conns: set[_Conn] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
@@ -262,8 +264,8 @@ class StoreServer:
     @property
     def port(self) -> int:
         """The port served on (the real one once started, even when 0 was asked)."""
-        if self._server is not None and self._server.sockets:
-            return int(self._server.sockets[0].getsockname()[1])
+        if self._bound_port is not None:
+            return self._bound_port
         if self._sock is not None:
             return int(self._sock.getsockname()[1])
         return self._port
@@ -299,6 +301,8 @@ class StoreServer:
             raise DistStoreError(
                 f"could not start the store server on {self._host}:{self._port}: {exc}"
             ) from exc
+        if self._server.sockets:
+            self._bound_port = int(self._server.sockets[0].getsockname()[1])
         log.debug("store server listening on %s:%d", self._host, self.port)
 
     async def aclose(self) -> None:
@@ -358,7 +362,12 @@ class StoreServer:
             self._warner.warn(conn.host, "store server dropped %s: %s", conn.addr, exc)
         except OSError as exc:  # reset, broken pipe: the client vanished
             conn.poisoned = True
-            log.debug("store client %s vanished: %s", conn.addr, exc)
+            if conn.authenticated:
+                log.info("store client %s vanished: %s", conn.addr, exc)
+            else:
+                self._warner.warn(
+                    conn.host, "store server: %s vanished during the handshake: %s", conn.addr, exc
+                )
         except Exception as exc:  # never let one connection take the server down
             conn.poisoned = True
             self._warner.warn(
@@ -396,6 +405,7 @@ class StoreServer:
         finally:
             self._unauthenticated -= 1
         if authenticated:
+            conn.authenticated = True
             await self._serve(conn)
 
     async def _handshake(self, conn: _Conn) -> bool:

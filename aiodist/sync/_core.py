@@ -84,9 +84,14 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     run(_world.destroy_process_group(group))
 
 
-def new_group(ranks: Sequence[int] | None = None, timeout: datetime.timedelta | float | None = None,
-              backend: str | None = None, pg_options: Any = None, use_local_synchronization: bool = False,
-              group_desc: str | None = None) -> ProcessGroup:
+def new_group(
+    ranks: Sequence[int] | None = None,
+    timeout: datetime.timedelta | float | None = None,
+    backend: str | None = None,
+    pg_options: Any = None,
+    use_local_synchronization: bool = False,
+    group_desc: str | None = None,
+) -> ProcessGroup:
     """Blocking ``aiodist.new_group``: every rank of the job calls it, in the same order."""
     return run(_world.new_group(ranks, timeout, backend))  # type: ignore[no-any-return]
 
@@ -107,25 +112,33 @@ def get_backend(group: Any = None) -> str:
     return _world.get_backend(group)
 
 
-def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> None:
+def send(
+    tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None
+) -> None:
     """Send ``tensor`` to global rank ``dst``; returns once ``tensor`` may be reused."""
     dst = _peer(dst, group_dst, group, "dst")
     call(lambda: _p2p.send(tensor, dst, group, tag), False)
 
 
-def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> int:
+def recv(
+    tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None
+) -> int:
     """Receive into ``tensor`` from global rank ``src`` (None: any); returns the sender's rank."""
     if group_src is not None:
         src = _peer(src, group_src, group, "src")
     return int(call(lambda: _p2p.recv(tensor, src, group, tag), False))
 
 
-def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> Work:
+def isend(
+    tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None
+) -> Work:
     dst = _peer(dst, group_dst, group, "dst")
     return call(lambda: _p2p.isend(tensor, dst, group, tag), True)  # type: ignore[no-any-return]
 
 
-def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> Work:
+def irecv(
+    tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None
+) -> Work:
     if group_src is not None:
         src = _peer(src, group_src, group, "src")
     return call(lambda: _p2p.irecv(tensor, src, group, tag), True)  # type: ignore[no-any-return]

@@ -21,8 +21,9 @@ def memory_world(world_size: int, timeout: float = 30.0) -> tuple[MemoryFabric, 
     return fabric, groups
 
 
-async def run_memory_world(world_size: int, fn: Callable[[ProcessGroup], Awaitable[T]],
-                           timeout: float = 30.0) -> list[T]:
+async def run_memory_world(
+    world_size: int, fn: Callable[[ProcessGroup], Awaitable[T]], timeout: float = 30.0
+) -> list[T]:
     """Run ``fn(group)`` for every rank concurrently; results in rank order."""
     fabric, groups = memory_world(world_size, timeout)
     try:
@@ -30,5 +31,3 @@ async def run_memory_world(world_size: int, fn: Callable[[ProcessGroup], Awaitab
     finally:
         for t in fabric.transports:
             t.abort()
-
-

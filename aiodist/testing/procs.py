@@ -33,8 +33,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _entry(fn: Callable[..., Any], rank: int, world_size: int, env: Mapping[str, str], args: Sequence[Any],
-           results: Any) -> None:
+def _entry(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    env: Mapping[str, str],
+    args: Sequence[Any],
+    results: Any,
+) -> None:
     os.environ.update(env)
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world_size)
@@ -50,8 +56,15 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, env: Mapping[str,
         results.put((rank, False, f"{exc.__class__.__name__}: {exc}\n{traceback.format_exc()}"))
 
 
-def spawn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (), timeout: float = 60.0,
-          env: Mapping[str, str] | None = None, expect_failure: Sequence[int] = ()) -> list[Any]:
+def spawn(
+    fn: Callable[..., Any],
+    world_size: int,
+    *,
+    args: Sequence[Any] = (),
+    timeout: float = 60.0,
+    env: Mapping[str, str] | None = None,
+    expect_failure: Sequence[int] = (),
+) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes; results in rank order.
 
     Args:
@@ -66,8 +79,10 @@ def spawn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (), 
     results = ctx.Queue()
     full_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     full_env.update(env or {})
-    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, full_env, tuple(args), results), daemon=True)
-             for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_entry, args=(fn, r, world_size, full_env, tuple(args), results), daemon=True)
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     out: dict[int, tuple[bool, Any]] = {}
@@ -101,12 +116,10 @@ def spawn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (), 
             continue
         if r in out:
             problems.append(f"rank {r} raised: {out[r][1]}")
-        elif p.exitcode is None or p.exitcode == -9 and time.monotonic() >= deadline:
+        elif p.exitcode is None or (p.exitcode == -9 and time.monotonic() >= deadline):
             problems.append(f"rank {r} did not finish within {timeout} s")
         else:
             problems.append(f"rank {r} died with exit code {p.exitcode}")
     if problems:
         raise RankFailed("\n".join(problems))
     return [out[r][1] if r in out else None for r in range(world_size)]
-
-

@@ -70,10 +70,17 @@ def describe_fingerprint(fp: Fingerprint | None) -> str:
 class PendingRecv:
     """A posted receive: where the payload goes and who is told when it has arrived."""
 
-    __slots__ = ("buf", "future", "fp", "key", "order", "src")
+    __slots__ = ("buf", "fp", "future", "key", "order", "src")
 
-    def __init__(self, src: int | None, key: Key, buf: memoryview, fp: Fingerprint | None, order: int,
-                 future: asyncio.Future[int]) -> None:
+    def __init__(
+        self,
+        src: int | None,
+        key: Key,
+        buf: memoryview,
+        fp: Fingerprint | None,
+        order: int,
+        future: asyncio.Future[int],
+    ) -> None:
         self.src = src
         self.key = key
         self.buf = buf
@@ -125,7 +132,9 @@ class Mailbox:
         self._order = itertools.count()
 
     # -- receiving side: posting ---------------------------------------------------------
-    def post(self, src: int | None, key: Key, buf: memoryview, fp: Fingerprint | None = None) -> asyncio.Future[int]:
+    def post(
+        self, src: int | None, key: Key, buf: memoryview, fp: Fingerprint | None = None
+    ) -> asyncio.Future[int]:
         """Post a receive into ``buf`` (a flat byte view). The future resolves to the source rank."""
         fut: asyncio.Future[int] = self.loop.create_future()
         if key in self._failed_keys:
@@ -171,8 +180,15 @@ class Mailbox:
                 best = (q[0].order, s)
         return None if best is None else best[1]
 
-    def _deliver_held(self, src: int, key: Key, held: _Held, buf: memoryview, fp: Fingerprint | None,
-                      fut: asyncio.Future[int]) -> None:
+    def _deliver_held(
+        self,
+        src: int,
+        key: Key,
+        held: _Held,
+        buf: memoryview,
+        fp: Fingerprint | None,
+        fut: asyncio.Future[int],
+    ) -> None:
         err = self._check(src, key, held.fp, fp, held.payload.nbytes, buf.nbytes)
         if err is not None:
             fut.set_exception(err)
@@ -235,8 +251,15 @@ class Mailbox:
     def over_cap(self) -> bool:
         return self.unexpected_bytes > self.unexpected_cap
 
-    def _check(self, src: int, key: Key, sent_fp: Fingerprint | None, want_fp: Fingerprint | None,
-               nbytes: int, bufbytes: int) -> DistError | None:
+    def _check(
+        self,
+        src: int,
+        key: Key,
+        sent_fp: Fingerprint | None,
+        want_fp: Fingerprint | None,
+        nbytes: int,
+        bufbytes: int,
+    ) -> DistError | None:
         if want_fp is not None and sent_fp is not None and list(sent_fp) != list(want_fp):
             if self.on_mismatch is not None:
                 self.on_mismatch(src, key, sent_fp, want_fp)
@@ -291,7 +314,9 @@ class Mailbox:
 
     def waiting_on(self, key: Key) -> list[int | None]:
         """Sources whose messages for ``key`` are still awaited (for timeout messages)."""
-        srcs: list[int | None] = sorted({k[0] for k, q in self._posted.items() if k[1] == key and q})
+        srcs: list[int | None] = [
+            s for s in sorted({k[0] for k, q in self._posted.items() if k[1] == key and q})
+        ]
         if self._posted_any.get(key):
             srcs.append(None)
         return srcs
@@ -323,7 +348,9 @@ class Transport(ABC):
     def send(self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None = None) -> Awaitable[None]:
         """Queue ``payload`` for ``dst`` now (call order is wire order); await for buffer reuse."""
 
-    def recv(self, src: int | None, key: Key, buf: memoryview, fp: Fingerprint | None = None) -> asyncio.Future[int]:
+    def recv(
+        self, src: int | None, key: Key, buf: memoryview, fp: Fingerprint | None = None
+    ) -> asyncio.Future[int]:
         """Post a receive into ``buf``; the future resolves to the sender's rank."""
         return self.mailbox.post(src, key, buf, fp)
 
@@ -361,7 +388,9 @@ class Transport(ABC):
         for cb in list(self._key_failed_listeners):
             cb(key, exc)
 
-    def _report_mismatch(self, src: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
+    def _report_mismatch(
+        self, src: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None
+    ) -> None:
         """Our receive disagreed with what ``src`` sent: fail our op and tell the sender."""
         exc = CollectiveMismatchError(
             f"rank {self.rank} expected {describe_fingerprint(want)} but rank {src} sent {describe_fingerprint(sent)}"
@@ -369,9 +398,11 @@ class Transport(ABC):
         self.loop.call_soon(self._key_failed, key, exc)
         self._send_mismatch(src, key, sent, want)
 
+    @abstractmethod
     def _send_mismatch(self, dst: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
         """Tell ``dst`` that its message for ``key`` met a different operation here."""
 
+    @abstractmethod
     def send_abort(self, dst: int, key: Key, reason: str) -> None:
         """Tell ``dst`` that this rank abandoned the operation ``key`` (best effort)."""
 
@@ -379,7 +410,9 @@ class Transport(ABC):
         """``src`` abandoned the operation ``key``: fail ours, it will not get its data."""
         self._key_failed(key, DistNetworkError(reason))
 
-    def _mismatch_reported(self, src: int, key: Key, ours: Fingerprint | None, theirs: Fingerprint | None) -> None:
+    def _mismatch_reported(
+        self, src: int, key: Key, ours: Fingerprint | None, theirs: Fingerprint | None
+    ) -> None:
         """``src`` told us our message for ``key`` met its different operation."""
         exc = CollectiveMismatchError(
             f"rank {src} expected {describe_fingerprint(theirs)} but rank {self.rank} sent {describe_fingerprint(ours)}"

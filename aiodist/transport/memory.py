@@ -29,7 +29,9 @@ class MemoryFabric:
 
 
 class MemoryTransport(Transport):
-    def __init__(self, fabric: MemoryFabric, rank: int, world_size: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, fabric: MemoryFabric, rank: int, world_size: int, loop: asyncio.AbstractEventLoop
+    ) -> None:
         super().__init__(rank, world_size, loop)
         self._fabric = fabric
         self._done: asyncio.Future[None] = loop.create_future()

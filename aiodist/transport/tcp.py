@@ -13,6 +13,7 @@ peer counts as lost; every receive waiting on it fails with ``DistNetworkError``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
@@ -100,10 +101,8 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self.remote = f"{peername[0]}:{peername[1]}" if peername else "?"
         sock = transport.get_extra_info("socket")
         if sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
         # Zero watermarks: pause_writing fires whenever bytes are queued, resume_writing once
         # the kernel took them all. That is exactly "every queued buffer may be reused".
         self.transport.set_write_buffer_limits(high=0, low=0)
@@ -235,7 +234,9 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         if refusal:
             self.transport.write(encode_frame(["refused", refusal]))
             raise AuthError(refusal)
-        self.transport.write(encode_frame(make_welcome(self._challenge, hello, owner.job, owner.rank, owner.secret).pack()))
+        self.transport.write(
+            encode_frame(make_welcome(self._challenge, hello, owner.job, owner.rank, owner.secret).pack())
+        )
         self._established(hello.rank)
 
     def _established(self, peer: int) -> None:
@@ -272,8 +273,15 @@ class _PeerProtocol(asyncio.BufferedProtocol):
 class TcpTransport(Transport):
     """Full mesh of TCP connections among the ranks of one job."""
 
-    def __init__(self, rank: int, world_size: int, *, job: str, secret: bytes | None,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        *,
+        job: str,
+        secret: bytes | None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         super().__init__(rank, world_size, loop or asyncio.get_running_loop())
         self.job = job
         self.secret = secret
@@ -291,7 +299,9 @@ class TcpTransport(Transport):
     # -- setup ------------------------------------------------------------------------
     async def listen(self, host: str, port: int = 0) -> int:
         """Start accepting peers on ``host``; returns the bound port."""
-        self._server = await self.loop.create_server(self._accept, host, port, reuse_address=True, backlog=1024)
+        self._server = await self.loop.create_server(
+            self._accept, host, port, reuse_address=True, backlog=1024
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -328,7 +338,9 @@ class TcpTransport(Transport):
                 )
                 got = await asyncio.wait_for(proto.ready, max(0.01, deadline - self.loop.time()))
                 if got != peer:
-                    raise DistNetworkError(f"rank {self.rank}: {host}:{port} answered as rank {got}, expected rank {peer}")
+                    raise DistNetworkError(
+                        f"rank {self.rank}: {host}:{port} answered as rank {got}, expected rank {peer}"
+                    )
                 return
             except (OSError, TimeoutError) as exc:
                 last = exc
@@ -362,17 +374,23 @@ class TcpTransport(Transport):
             raise DistNetworkError(f"rank {self.rank} has no connection to rank {dst}")
         if dst in self.dead_peers:
             raise self.dead_peers[dst]
-        return proto.write_message(encode_frame([KIND_DATA, key[0], key[1], key[2], fp], payload.nbytes), payload)
+        return proto.write_message(
+            encode_frame([KIND_DATA, key[0], key[1], key[2], fp], payload.nbytes), payload
+        )
 
     def _send_mismatch(self, dst: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
         proto = self._peers.get(dst)
         if proto is not None and dst not in self.dead_peers:
-            proto.write_message(encode_frame([KIND_MISMATCH, key[0], key[1], key[2], [sent, want]]), memoryview(b""))
+            proto.write_message(
+                encode_frame([KIND_MISMATCH, key[0], key[1], key[2], [sent, want]]), memoryview(b"")
+            )
 
     def send_abort(self, dst: int, key: Key, reason: str) -> None:
         proto = self._peers.get(dst)
         if proto is not None and dst not in self.dead_peers and proto.transport is not None:
-            proto.write_message(encode_frame([KIND_ABORT, key[0], key[1], key[2], reason[:4000]]), memoryview(b""))
+            proto.write_message(
+                encode_frame([KIND_ABORT, key[0], key[1], key[2], reason[:4000]]), memoryview(b"")
+            )
 
     def _resume_readers(self) -> None:
         for proto in self._paused_readers:
@@ -393,7 +411,9 @@ class TcpTransport(Transport):
             err = DistNetworkError(f"connection to rank {proto.peer} was dropped: {cause}")
         else:
             how = " in the middle of a frame" if mid_frame else ""
-            err = DistNetworkError(f"rank {proto.peer} closed its connection{how}" + (f" ({exc})" if exc else ""))
+            err = DistNetworkError(
+                f"rank {proto.peer} closed its connection{how}" + (f" ({exc})" if exc else "")
+            )
         err.__cause__ = cause or exc
         self._peer_lost(proto.peer, err)
 
@@ -402,7 +422,9 @@ class TcpTransport(Transport):
         if self.closed:
             return
         # Let queued sends reach the kernel (bounded), then close.
-        waits = [p.write_message(b"", memoryview(b"")) for p in self._peers.values() if p.transport is not None]
+        waits = [
+            p.write_message(b"", memoryview(b"")) for p in self._peers.values() if p.transport is not None
+        ]
         pending = [w for w in waits if isinstance(w, asyncio.Future) and not w.done()]
         if pending:
             await asyncio.wait(pending, timeout=5.0)

@@ -25,7 +25,15 @@ import msgpack
 
 from aiodist.errors import DistError
 
-__all__ = ["DEFAULT_LIMITS", "PREFIX", "FrameReader", "Limits", "ProtocolError", "decode_header", "encode_frame"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "PREFIX",
+    "FrameReader",
+    "Limits",
+    "ProtocolError",
+    "decode_header",
+    "encode_frame",
+]
 
 PREFIX = struct.Struct("!IQ")
 
@@ -51,7 +59,7 @@ DEFAULT_LIMITS = Limits()
 
 def encode_frame(header: Any, payload_len: int = 0) -> bytes:
     """Prefix and header of one frame; the caller writes ``payload_len`` payload bytes after it."""
-    packed = msgpack.packb(header, use_bin_type=True)
+    packed: bytes = msgpack.packb(header, use_bin_type=True)
     return PREFIX.pack(len(packed), payload_len) + packed
 
 
@@ -174,9 +182,13 @@ class FrameReader:
                     return
                 hlen, plen = PREFIX.unpack_from(self._scratch, self._pos)
                 if hlen > self._limits.max_header:
-                    raise ProtocolError(f"frame header of {hlen} bytes exceeds the limit of {self._limits.max_header}")
+                    raise ProtocolError(
+                        f"frame header of {hlen} bytes exceeds the limit of {self._limits.max_header}"
+                    )
                 if plen > self._limits.max_payload:
-                    raise ProtocolError(f"frame payload of {plen} bytes exceeds the limit of {self._limits.max_payload}")
+                    raise ProtocolError(
+                        f"frame payload of {plen} bytes exceeds the limit of {self._limits.max_payload}"
+                    )
                 self._pos += PREFIX.size
                 self._expect = hlen
                 self._payload_len = plen
@@ -191,7 +203,9 @@ class FrameReader:
                 if sink is None:
                     sink = memoryview(bytearray(self._payload_len))
                 elif sink.nbytes != self._payload_len:
-                    raise ProtocolError(f"payload sink of {sink.nbytes} bytes for a {self._payload_len}-byte payload")
+                    raise ProtocolError(
+                        f"payload sink of {sink.nbytes} bytes for a {self._payload_len}-byte payload"
+                    )
                 self._sink = sink.cast("B") if sink.format != "B" or sink.ndim != 1 else sink
                 self._staged = 0
                 self._state = _PAYLOAD

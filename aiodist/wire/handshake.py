@@ -119,7 +119,12 @@ def accept_hello(challenge: Challenge, msg: Any, job: str, secret: bytes | None)
     _, version, their_job, rank, nonce, mac = msg
     if version != PROTOCOL_VERSION:
         raise ProtocolError(f"peer speaks protocol version {version!r}, we speak {PROTOCOL_VERSION}")
-    if not (isinstance(their_job, str) and isinstance(rank, int) and isinstance(nonce, bytes) and isinstance(mac, bytes)):
+    if not (
+        isinstance(their_job, str)
+        and isinstance(rank, int)
+        and isinstance(nonce, bytes)
+        and isinstance(mac, bytes)
+    ):
         raise ProtocolError("malformed handshake hello")
     expected = _mac(secret, b"c", challenge.nonce, nonce, their_job.encode(), _rank_bytes(rank))
     if not hmac.compare_digest(expected, mac):

@@ -1,0 +1,221 @@
+"""Every init method with real processes over loopback TCP (1-4 ranks)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aiodist as dist
+from aiodist.testing import RankFailed, free_port, spawn
+
+pytestmark = pytest.mark.timeout(90)
+
+
+async def _ring_check() -> tuple[int, int]:
+    """Each rank sends its rank to the next and receives from the previous: proves the mesh works."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if size > 1:
+        out = np.array([rank], np.int64)
+        got = np.zeros(1, np.int64)
+        w = dist.recv(got, (rank - 1) % size)
+        await dist.send(out, (rank + 1) % size)
+        assert await w == (rank - 1) % size and got[0] == (rank - 1) % size
+    await dist.barrier()
+    return rank, size
+
+
+async def _env_job(rank: int, size: int) -> Any:
+    await dist.init_process_group("tcp", "env://", timeout=30)
+    res = await _ring_check()
+    assert dist.is_initialized() and dist.get_backend() == "tcp"
+    await dist.destroy_process_group()
+    assert not dist.is_initialized()
+    return res
+
+
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_env_init(size: int) -> None:
+    assert spawn(_env_job, size) == [(r, size) for r in range(size)]
+
+
+async def _launcher_vars_job(rank: int, size: int, prefix: str, size_var: str) -> Any:
+    os.environ.pop("RANK")
+    os.environ.pop("WORLD_SIZE")
+    os.environ[f"{prefix}"] = str(rank)
+    os.environ[size_var] = str(size)
+    await dist.init_process_group("gloo")  # "gloo" is an alias of "tcp"; init_method defaults to env://
+    res = await _ring_check()
+    await dist.destroy_process_group()
+    return res
+
+
+@pytest.mark.parametrize(
+    ("rank_var", "size_var"),
+    [
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ("PMI_RANK", "PMI_SIZE"),
+        ("SLURM_PROCID", "SLURM_NTASKS"),
+    ],
+)
+def test_env_init_from_mpirun_pmi_slurm_variables(rank_var: str, size_var: str) -> None:
+    assert spawn(_launcher_vars_job, 2, args=(rank_var, size_var)) == [(0, 2), (1, 2)]
+
+
+async def _tcp_job(rank: int, size: int, port: int, auto: bool) -> Any:
+    await dist.init_process_group(
+        "tcp", f"tcp://127.0.0.1:{port}", rank=-1 if auto else rank, world_size=size, timeout=30
+    )
+    res = await _ring_check()
+    await dist.destroy_process_group()
+    return res
+
+
+@pytest.mark.parametrize("auto", [False, True])
+def test_tcp_init(auto: bool) -> None:
+    res = spawn(_tcp_job, 3, args=(free_port(), auto))
+    assert sorted(r for r, _ in res) == [0, 1, 2] and {s for _, s in res} == {3}
+    if not auto:
+        assert res == [(0, 3), (1, 3), (2, 3)]
+
+
+async def _file_job(rank: int, size: int, path: str, auto: bool) -> Any:
+    await dist.init_process_group(
+        "tcp", f"file://{path}", rank=-1 if auto else rank, world_size=size, timeout=30
+    )
+    res = await _ring_check()
+    await dist.destroy_process_group()
+    return res
+
+
+@pytest.mark.parametrize("auto", [False, True])
+def test_file_init(tmp_path: Path, auto: bool) -> None:
+    res = spawn(_file_job, 3, args=(str(tmp_path / "rdv"), auto))
+    assert sorted(r for r, _ in res) == [0, 1, 2]
+
+
+async def _multicast_job(rank: int, size: int, port: int) -> Any:
+    os.environ["AIODIST_MULTICAST_IF"] = "127.0.0.1"
+    await dist.init_process_group(
+        "tcp", f"tcp://239.255.77.{port % 200 + 1}:{port}", world_size=size, timeout=30
+    )
+    res = await _ring_check()
+    await dist.destroy_process_group()
+    return res
+
+
+def test_legacy_multicast_init() -> None:
+    res = spawn(_multicast_job, 3, args=(free_port(),))
+    assert sorted(r for r, _ in res) == [0, 1, 2]
+
+
+async def _two_jobs(rank: int, size: int, port: int) -> Any:
+    # processes 0,2 form job "a", processes 1,3 form job "b": one address, two group names
+    job = "ab"[rank % 2]
+    await dist.init_process_group(
+        "tcp", f"tcp://127.0.0.1:{port}", rank=rank // 2, world_size=2, group_name=job, timeout=30
+    )
+    mine = np.array([rank], np.int64)
+    other = np.zeros(1, np.int64)
+    peer = 1 - dist.get_rank()
+    w = dist.recv(other, peer)
+    await dist.send(mine, peer)
+    await w
+    await dist.barrier()
+    await asyncio.sleep(0.2)  # keep the store host alive until both jobs are done with it
+    await dist.destroy_process_group()
+    return job, int(other[0])
+
+
+def test_group_names_keep_jobs_on_one_address_apart() -> None:
+    res = spawn(_two_jobs, 4, args=(free_port(),))
+    # each process only ever talked to the other process of its own job
+    assert res == [("a", 2), ("b", 3), ("a", 0), ("b", 1)]
+
+
+async def _partial_job(rank: int, size: int) -> Any:
+    if rank == 2:
+        return None  # never joins
+    start = time.monotonic()
+    with pytest.raises(dist.DistTimeoutError) as info:
+        await dist.init_process_group("tcp", "env://", timeout=3)
+    return time.monotonic() - start, str(info.value)
+
+
+def test_missing_rank_times_out_naming_it() -> None:
+    res = spawn(_partial_job, 3)
+    for took, msg in res[:2]:
+        assert 2.5 <= took <= 6, took
+        assert "joined 2 of 3" in msg and "missing rank 2" in msg
+
+
+async def _duplicate_job(rank: int, size: int, port: int) -> Any:
+    start = time.monotonic()
+    try:
+        await dist.init_process_group(
+            "tcp", f"tcp://127.0.0.1:{port}", rank=min(rank, 1), world_size=3, timeout=10
+        )
+    except dist.DistError as exc:
+        return time.monotonic() - start, str(exc)
+    return None
+
+
+def test_duplicate_rank_fails_fast_naming_it() -> None:
+    res = spawn(_duplicate_job, 3, args=(free_port(),))
+    for took, msg in res:
+        assert took < 8
+        assert "rank 1" in msg, msg
+
+
+async def _own_store_job(rank: int, size: int, port: int) -> Any:
+    store = dist.TCPStore("127.0.0.1", port, size, is_master=rank == 0, timeout=30)
+    await dist.init_process_group(store=store, rank=rank, world_size=size, timeout=30)
+    res = await _ring_check()
+    await dist.destroy_process_group()
+    await store.set(f"done/{rank}", b"1")  # the store is still ours to use
+    await store.wait([f"done/{r}" for r in range(size)])
+    await store.aclose()
+    return res
+
+
+def test_bring_your_own_store() -> None:
+    assert spawn(_own_store_job, 2, args=(free_port(),)) == [(0, 2), (1, 2)]
+
+
+async def _reinit_job(rank: int, size: int) -> Any:
+    out = []
+    for _ in range(3):
+        os.environ["MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]))
+        await dist.init_process_group("tcp", "env://", timeout=30)
+        out.append(await _ring_check())
+        await dist.destroy_process_group()
+    return out
+
+
+def test_destroy_then_init_again() -> None:
+    res = spawn(_reinit_job, 2)
+    assert res == [[(0, 2)] * 3, [(1, 2)] * 3]
+
+
+def test_init_twice_and_uninitialised_use_are_errors() -> None:
+    with pytest.raises(ValueError, match="not been initialized"):
+        dist.get_rank()
+    with pytest.raises(ValueError, match="unknown backend"):
+        asyncio.run(dist.init_process_group("mpi"))
+    with pytest.raises(ValueError, match="unknown scheme"):
+        asyncio.run(dist.init_process_group("tcp", "udp://x:1", rank=0, world_size=1))
+
+
+def test_rank_failed_is_reported() -> None:
+    with pytest.raises(RankFailed, match="rank 1 raised"):
+        spawn(_raises, 2)
+
+
+def _raises(rank: int, size: int) -> None:
+    if rank == 1:
+        raise RuntimeError("boom")
