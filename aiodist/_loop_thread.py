@@ -1,8 +1,14 @@
 """A uvloop event loop running in a daemon thread, for the blocking faces.
 
-The sync facade and the blocking store classes submit coroutines here and wait for them.
-One loop thread serves the whole process (created lazily, shut down at exit), so every
-object of the runtime lives on one loop no matter which face created it.
+The sync facade and the blocking store classes run work on this loop and wait for it. One
+loop thread serves the whole process (created lazily, shut down at exit), so every object of
+the runtime lives on one loop no matter which face created it.
+
+The thread hop is on the path of every small blocking call, so it is kept short: a call is
+posted with ``call_soon_threadsafe`` as a plain callback (no Task, no chained futures) and
+the calling thread sleeps on a pre-locked ``threading.Lock`` of its own (a ``Waiter``) that
+the loop releases when the result is in. An operation that completes while it is being
+started (a send the kernel took at once) wakes the caller from that same callback.
 """
 
 from __future__ import annotations
@@ -11,14 +17,88 @@ import asyncio
 import atexit
 import concurrent.futures
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import uvloop
 
 T = TypeVar("T")
 
-__all__ = ["LoopThread", "get_loop_thread"]
+__all__ = ["LoopThread", "Waiter", "get_loop_thread", "thread_waiter"]
+
+
+class Waiter:
+    """A one-shot result slot that one thread blocks on and another thread fills.
+
+    The lock is created held; ``set_result``/``set_exception`` store the outcome and release
+    it; ``wait`` acquires it. A thread reuses its waiter (``thread_waiter``) from call to call,
+    unless a wait was given up (timeout, KeyboardInterrupt): that waiter may still be filled
+    later, so it is retired and the thread gets a fresh one.
+    """
+
+    __slots__ = ("_lock", "error", "value")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def set_result(self, value: Any) -> None:
+        self.value = value
+        self._lock.release()
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.error = exc
+        self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until filled; False if ``timeout`` ran out first (the waiter is then retired)."""
+        done = False
+        try:
+            done = self._lock.acquire(True, -1 if timeout is None else max(timeout, 0.0))
+        finally:
+            if not done:
+                _retire(self)
+        return done
+
+    def take(self) -> Any:
+        """The stored outcome of a successful ``wait`` (raising a stored error).
+
+        The lock is held again after ``wait`` acquired it, so the waiter is ready for reuse.
+        """
+        value, error = self.value, self.error
+        self.value = self.error = None
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del error
+        return value
+
+    def _fill_from(self, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled():
+            self.set_exception(asyncio.CancelledError())
+        elif (exc := fut.exception()) is not None:
+            self.set_exception(exc)
+        else:
+            self.set_result(fut.result())
+
+
+_local = threading.local()
+
+
+def thread_waiter() -> Waiter:
+    """This thread's reusable waiter (released and re-armed by each call)."""
+    w: Waiter | None = getattr(_local, "waiter", None)
+    if w is None:
+        w = _local.waiter = Waiter()
+    return w
+
+
+def _retire(w: Waiter) -> None:
+    if getattr(_local, "waiter", None) is w:
+        _local.waiter = None
 
 
 class LoopThread:
@@ -43,6 +123,42 @@ class LoopThread:
     def in_loop_thread(self) -> bool:
         return threading.current_thread() is self._thread
 
+    def _check_thread(self, what: str) -> None:
+        if self.in_loop_thread():
+            raise RuntimeError(f"a blocking aiodist call ({what}) was made from the runtime's own loop thread")
+
+    # -- the fast hop ------------------------------------------------------------------
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run the plain function ``fn()`` on the loop thread; return its value or raise its error."""
+        self._check_thread(getattr(fn, "__name__", "call"))
+        w = thread_waiter()
+        self.loop.call_soon_threadsafe(_call_cb, fn, w)
+        w.wait()
+        return w.take()  # type: ignore[no-any-return]
+
+    def call_until_done(self, start: Callable[[], asyncio.Future[T]]) -> T:
+        """Run ``start()`` on the loop thread and block until the future it returns is done.
+
+        No Task is created: the future's completion releases the caller directly, and a
+        future that is already done when ``start`` returns releases it in the same callback.
+        """
+        self._check_thread(getattr(start, "__name__", "call"))
+        w = thread_waiter()
+        self.loop.call_soon_threadsafe(_start_cb, start, w)
+        w.wait()
+        return w.take()  # type: ignore[no-any-return]
+
+    def wait_future(self, fut: asyncio.Future[T], timeout: float | None = None) -> tuple[bool, T | None]:
+        """Block (not on the loop thread) until the loop's future ``fut`` is done.
+
+        Returns:
+            ``(True, result)``, or ``(False, None)`` if ``timeout`` ran out first.
+        Raises:
+            The future's exception (``CancelledError`` if it was cancelled).
+        """
+        return wait_future(self.loop, fut, timeout)
+
+    # -- coroutines --------------------------------------------------------------------
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Schedule ``coro`` on the loop; the returned future may be waited on from any thread."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -66,6 +182,50 @@ class LoopThread:
         self._thread.join(timeout=5)
 
 
+def _call_cb(fn: Callable[[], Any], w: Waiter) -> None:
+    try:
+        value = fn()
+    except BaseException as exc:
+        w.set_exception(exc)
+    else:
+        w.set_result(value)
+
+
+def _start_cb(start: Callable[[], asyncio.Future[Any]], w: Waiter) -> None:
+    try:
+        fut = start()
+    except BaseException as exc:
+        w.set_exception(exc)
+        return
+    if fut.done():
+        w._fill_from(fut)
+    else:
+        fut.add_done_callback(w._fill_from)
+
+
+def wait_future(
+    loop: asyncio.AbstractEventLoop, fut: asyncio.Future[T], timeout: float | None = None
+) -> tuple[bool, T | None]:
+    """Block a thread other than ``loop``'s until ``fut`` (a future of ``loop``) is done.
+
+    See ``LoopThread.wait_future``. A wait that times out leaves the future untouched.
+    """
+    if fut.done():
+        return True, fut.result()
+    w = thread_waiter()
+    loop.call_soon_threadsafe(_watch_cb, fut, w)
+    if not w.wait(timeout):
+        return False, None
+    return True, w.take()
+
+
+def _watch_cb(fut: asyncio.Future[Any], w: Waiter) -> None:
+    if fut.done():
+        w._fill_from(fut)
+    else:
+        fut.add_done_callback(w._fill_from)
+
+
 _lock = threading.Lock()
 _instance: LoopThread | None = None
 
@@ -73,6 +233,9 @@ _instance: LoopThread | None = None
 def get_loop_thread() -> LoopThread:
     """The process-wide loop thread, started on first use."""
     global _instance
+    inst = _instance
+    if inst is not None and inst._thread.is_alive():
+        return inst
     with _lock:
         if _instance is None or not _instance.thread.is_alive():
             _instance = LoopThread()

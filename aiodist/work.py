@@ -13,6 +13,7 @@ import concurrent.futures
 from collections.abc import Generator
 from typing import Any
 
+from aiodist._loop_thread import wait_future
 from aiodist.errors import DistError, DistTimeoutError
 
 __all__ = ["Work"]
@@ -109,15 +110,12 @@ class Work:
             raise DistError(
                 f"Work.wait() for {self.name} called on the runtime's loop thread; use 'await work'"
             )
-        cf = self.get_future()
         try:
-            cf.result(timeout)
-        except TimeoutError:
-            if not cf.done():  # our wait ran out (not an operation that failed with a timeout)
-                raise DistTimeoutError(
-                    f"{self.name} did not complete within {timeout} s (it is still running)"
-                ) from None
-            raise
+            done, _ = wait_future(self._loop, self._future, timeout)
+        except asyncio.CancelledError:
+            raise DistError(f"{self.name} was cancelled") from None
+        if not done:
+            raise DistTimeoutError(f"{self.name} did not complete within {timeout} s (it is still running)")
         return True
 
     def get_future(self) -> concurrent.futures.Future[Any]:

@@ -132,3 +132,27 @@ def _tutorial_like(rank: int, size: int) -> Any:
 
 def test_tutorial_blocking_program() -> None:
     assert spawn(_tutorial_like, 4) == [1.0, 0.0, 0.0, 1.0]
+
+
+async def _pingpong_large(rank: int, size: int) -> Any:
+    await dist.init_process_group("tcp", "env://", timeout=30)
+    a = np.full(16 << 20, rank, np.uint8)
+    for i in range(6):
+        # A large payload often starts arriving before its receive is posted (the receiver is
+        # still finishing its own send): it must still go to that receive.
+        if rank == 0:
+            a[:] = i
+            await dist.send(a, 1)
+            await dist.recv(a, 1)
+            assert a[0] == i + 100 and a[-1] == i + 100
+        else:
+            await dist.recv(a, 0)
+            assert a[0] == i and a[-1] == i
+            a[:] = i + 100
+            await dist.send(a, 0)
+    await dist.destroy_process_group()
+    return True
+
+
+def test_large_ping_pong_payload_streaming_while_receive_is_posted() -> None:
+    assert spawn(_pingpong_large, 2) == [True, True]

@@ -228,20 +228,22 @@ class Mailbox:
         if not recv.future.done():
             recv.future.set_result(src)
 
-    def hold(self, src: int, key: Key, fp: Fingerprint | None, payload: memoryview) -> None:
-        """Keep a message that arrived before its receive; counts against the unexpected cap."""
-        if key in self._abandoned:
-            return
-        self._held.setdefault((src, key), deque()).append(_Held(fp, payload, next(self._order)))
-        self.unexpected_bytes += payload.nbytes
+    def deliver(self, src: int, key: Key, fp: Fingerprint | None, payload: memoryview, *, owned: bool) -> None:
+        """A whole message is here: hand it to a posted receive, or hold it until one is posted.
 
-    def deliver(self, src: int, key: Key, fp: Fingerprint | None, payload: memoryview) -> None:
-        """A whole message arrived at once (in-memory transport): match it or hold a copy."""
+        Also the end of a TCP payload that had no receive when its header arrived: one may
+        have been posted while the payload streamed in, and it must get this message, not
+        wait behind it. ``owned``: ``payload`` is ours to keep (else a held copy is made).
+        """
         target = self.match(src, key, payload.nbytes, fp)
         if target is DISCARD:
             return
         if target is None:
-            self.hold(src, key, fp, memoryview(bytearray(payload)))
+            if key in self._abandoned:
+                return
+            held = payload if owned else memoryview(bytearray(payload))
+            self._held.setdefault((src, key), deque()).append(_Held(fp, held, next(self._order)))
+            self.unexpected_bytes += held.nbytes
             return
         assert isinstance(target, PendingRecv)
         target.buf[:] = payload

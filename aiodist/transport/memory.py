@@ -44,7 +44,7 @@ class MemoryTransport(Transport):
         if not 0 <= dst < self.world_size:
             raise DistNetworkError(f"rank {self.rank}: no rank {dst} in a world of {self.world_size}")
         peer = self._fabric.transports[dst]
-        peer.mailbox.deliver(self.rank, key, fp, payload.cast("B") if payload.format != "B" else payload)
+        peer.mailbox.deliver(self.rank, key, fp, payload.cast("B") if payload.format != "B" else payload, owned=False)
         return self._done
 
     def _send_mismatch(self, dst: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:

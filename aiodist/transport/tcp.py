@@ -204,7 +204,7 @@ class _PeerProtocol(asyncio.BufferedProtocol):
             self.owner.mailbox.complete(target, self.peer)
         elif target is None:
             mailbox = self.owner.mailbox
-            mailbox.hold(self.peer, self._key, self._fp, payload)
+            mailbox.deliver(self.peer, self._key, self._fp, payload, owned=True)
             if mailbox.over_cap and self.transport is not None:
                 # Backpressure: stop reading until receives consume what is held.
                 self.transport.pause_reading()

@@ -1,0 +1,111 @@
+"""Small helpers shared by the algorithms: chunk bounds, pipelined schedules, off-loop reductions."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Iterable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from aiodist.collectives import select
+from aiodist.collectives.context import byte_view
+from aiodist.errors import DistValueError
+from aiodist.ops import ReduceOp, finalize_inplace, reduce_inplace
+
+__all__ = [
+    "Array",
+    "bounds",
+    "bv",
+    "check_size",
+    "copy_into",
+    "diagonal_order",
+    "finalize",
+    "n_segments",
+    "reduce_into",
+    "same_memory",
+    "wait_all",
+]
+
+Array = npt.NDArray[Any]
+
+_EMPTY = np.empty(0, np.uint8)
+
+
+def bv(arr: Array) -> memoryview:
+    """The flat byte view of a C-contiguous array (writable if the array is)."""
+    return byte_view(arr) if arr.size else memoryview(bytearray(0))
+
+
+def bounds(total: int, parts: int) -> list[int]:
+    """Balanced split points of ``total`` elements into ``parts`` pieces (sizes differ by <= 1)."""
+    return [i * total // parts for i in range(parts + 1)]
+
+
+def n_segments(length: int, seg_elems: int) -> int:
+    """How many pipeline segments a piece of ``length`` elements is cut into (at least 1)."""
+    return max(1, -(-length // max(1, seg_elems)))
+
+
+def diagonal_order(segments: int, steps: int) -> list[tuple[int, int]]:
+    """(segment, step) pairs, diagonal by diagonal, newest segment last within a diagonal.
+
+    Segment j's step t depends on its step t-1, which lies on the previous diagonal, so a
+    rank can process (and forward) its incoming messages in this order while its peers send
+    in the same order: a software pipeline of ``segments`` independent rings, ``steps`` deep.
+    """
+    order: list[tuple[int, int]] = []
+    for d in range(segments + steps - 1):
+        for t in range(min(d, steps - 1), -1, -1):
+            j = d - t
+            if j < segments:
+                order.append((j, t))
+    return order
+
+
+def same_memory(a: Array, b: Array) -> bool:
+    """True when ``a`` and ``b`` view exactly the same bytes (an in-place call)."""
+    return bool(
+        a.nbytes == b.nbytes
+        and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+    )
+
+
+def copy_into(dst: Array, src: Array) -> None:
+    """``dst[:] = src`` unless they already are the same memory."""
+    if dst.size and not same_memory(dst, src):
+        np.copyto(dst, src)
+
+
+def check_size(what: str, got: int, want: int) -> None:
+    """Raise before a byte is sent when an algorithm is handed buffers of the wrong size."""
+    if got != want:
+        raise DistValueError(f"{what}: expected {want} elements, got {got}")
+
+
+async def reduce_into(op: ReduceOp, acc: Array, other: Array) -> None:
+    """``acc = acc (op) other``; above a size threshold in a worker thread (numpy drops the GIL),
+    so the event loop keeps reading sockets while a large segment is reduced."""
+    if acc.nbytes >= select.THREAD_REDUCE_BYTES:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, reduce_inplace, op, acc, other)
+    else:
+        reduce_inplace(op, acc, other)
+
+
+async def finalize(op: ReduceOp, arr: Array, count: int) -> None:
+    """AVG: divide by ``count`` (off the loop when large); other ops: nothing."""
+    if op is not ReduceOp.AVG or count == 1 or not arr.size:
+        return
+    if arr.nbytes >= select.THREAD_REDUCE_BYTES:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, finalize_inplace, op, arr, count)
+    else:
+        finalize_inplace(op, arr, count)
+
+
+async def wait_all(aws: Iterable[Awaitable[Any]]) -> None:
+    """Await every send/receive of a list (sends must finish before their buffer is reused)."""
+    for aw in aws:
+        await aw

@@ -1,0 +1,161 @@
+"""all_reduce: recursive doubling for small buffers, a segmented pipelined ring for large ones.
+
+Recursive doubling (small): with p the largest power of two <= n and e = n - p, ranks
+0..2e-1 pair up and each even one hands its data to its odd neighbour, which stands for
+both; then p ranks exchange-and-reduce with partner (v XOR 2^k) for k = 0..log2(p)-1;
+finally the odd ranks hand the result back. Partners always reduce in the same operand
+order (the lower virtual rank's data first), so every rank ends with the same bytes even
+where an op is not bitwise commutative (min of -0.0 and +0.0, NaN payloads).
+log2(n) rounds, the whole buffer each round: latency-optimal.
+
+Ring (large): the buffer is cut into n chunks and each chunk into S segments. Segment j of
+every chunk forms its own ring of 2(n-1) steps: n-1 reduce-scatter steps (receive a
+partial sum of chunk c from the left into a scratch slot, reduce it into our own chunk c
+with numpy ``out=``, forward it right), after which rank r owns the finished chunk r+1,
+then n-1 all-gather steps that pass every owner's finished chunk around, received
+straight into the user's buffer. The S rings run as one software pipeline, diagonal by
+diagonal (see ``_common.diagonal_order``): while segment j is reduced (in a worker thread
+when large), segment j+1 is already arriving and segment j-1 is on its way out. Each chunk
+is reduced by exactly one chain of ranks and then copied, so all ranks end with identical
+bytes. Bandwidth-optimal: every rank sends and receives 2(n-1)/n of the buffer. Scratch:
+``select.RING_SLOTS`` segments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any
+
+import numpy as np
+
+from aiodist.collectives import select
+from aiodist.collectives._common import (
+    Array,
+    bounds,
+    bv,
+    diagonal_order,
+    finalize,
+    n_segments,
+    reduce_into,
+    wait_all,
+)
+from aiodist.collectives.context import OpContext
+from aiodist.ops import ReduceOp, reduce_inplace
+
+__all__ = ["allreduce", "recursive_doubling", "ring_allreduce"]
+
+
+async def allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
+    """Reduce ``arr`` (flat, writable) across the group in place; every rank gets the result."""
+    if ctx.size == 1:
+        return
+    if select.allreduce_algorithm(arr.nbytes, ctx.size) == "ring":
+        await ring_allreduce(ctx, arr, op)
+    else:
+        await recursive_doubling(ctx, arr, op)
+
+
+async def recursive_doubling(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
+    n, r = ctx.size, ctx.rank
+    p = 1 << (n.bit_length() - 1)
+    extra = n - p
+    acc = arr
+    tmp = np.empty_like(arr)
+    if r < 2 * extra and r % 2 == 0:
+        # Folded into r + 1 for the doubling rounds; gets the result back at the end.
+        await ctx.send(r + 1, bv(arr))
+        await ctx.recv(r + 1, bv(arr))
+        return
+    if r < 2 * extra:
+        await ctx.recv(r - 1, bv(tmp))
+        reduce_inplace(op, tmp, acc)  # lower rank's data first
+        acc, tmp = tmp, acc
+        vr = r // 2
+    else:
+        vr = r - extra
+    mask = 1
+    while mask < p:
+        vpeer = vr ^ mask
+        peer = 2 * vpeer + 1 if vpeer < extra else vpeer + extra
+        await ctx.sendrecv(peer, bv(acc), peer, bv(tmp))
+        if vpeer < vr:
+            reduce_inplace(op, tmp, acc)
+            acc, tmp = tmp, acc
+        else:
+            reduce_inplace(op, acc, tmp)
+        mask <<= 1
+    await finalize(op, acc, n)
+    if acc is not arr:
+        np.copyto(arr, acc)
+    if r < 2 * extra:
+        await ctx.send(r - 1, bv(arr))
+
+
+async def ring_allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
+    n, r = ctx.size, ctx.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    cb = bounds(arr.size, n)
+    seg = select.segment_elems(arr.itemsize)
+    nseg = n_segments(max(cb[c + 1] - cb[c] for c in range(n)), seg)
+    steps = 2 * (n - 1)
+
+    def region(chunk: int, j: int) -> Array:
+        lo, hi = cb[chunk], cb[chunk + 1]
+        length = hi - lo
+        return arr[lo + j * length // nseg : lo + (j + 1) * length // nseg]
+
+    def incoming_chunk(t: int) -> int:
+        # Steps 0..n-2 bring partial sums (reduce-scatter), then finished chunks (all-gather).
+        return (r - 1 - t) % n if t <= n - 2 else (r - (t - n + 1)) % n
+
+    order = diagonal_order(nseg, steps)
+    nslots = select.RING_SLOTS
+    scratch = np.empty(nslots * min(seg, max(1, arr.size)), dtype=arr.dtype)
+    slot_len = scratch.size // nslots
+    slots = [scratch[k * slot_len : (k + 1) * slot_len] for k in range(nslots)]
+    slot_of: dict[int, int] = {}  # order index -> slot (reduce-scatter steps only)
+    free_slots = list(range(nslots))
+    posted: dict[int, Awaitable[Any]] = {}
+    sends: list[Awaitable[None]] = []
+    next_post = 0
+
+    def post_ready() -> None:
+        """Post receives in schedule order while buffers are available for them."""
+        nonlocal next_post
+        while next_post < len(order):
+            j, t = order[next_post]
+            dest = region(incoming_chunk(t), j)
+            if t <= n - 2:
+                if not free_slots:
+                    return
+                k = free_slots.pop()
+                slot_of[next_post] = k
+                dest = slots[k][: dest.size]
+            posted[next_post] = ctx.recv(left, bv(dest))
+            next_post += 1
+
+    def emit(chunk: int, j: int) -> None:
+        sends.append(ctx.send(right, bv(region(chunk, j))))
+
+    post_ready()
+    i = 0
+    for d in range(nseg + steps - 1):
+        if d < nseg:
+            emit(r, d)  # step 0 of segment d: our own data
+        # Process every incoming message of diagonal d (in schedule order).
+        while i < len(order) and order[i][0] + order[i][1] == d:
+            j, t = order[i]
+            chunk = incoming_chunk(t)
+            await posted.pop(i)
+            if t <= n - 2:
+                k = slot_of.pop(i)
+                mine = region(chunk, j)
+                await reduce_into(op, mine, slots[k][: mine.size])
+                free_slots.append(k)
+                if t == n - 2:
+                    await finalize(op, mine, n)  # the owner's result is what everyone gets
+            i += 1
+            post_ready()
+            if t < steps - 1:
+                emit(chunk, j)  # step t + 1 of segment j
+    await wait_all(sends)

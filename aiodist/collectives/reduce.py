@@ -1,0 +1,112 @@
+"""reduce: binomial tree for small buffers, pipelined chain with credits for large ones.
+
+Ranks are numbered relative to the root (v = (r - root) mod n). Only the root's buffer is
+written; the other ranks' inputs are left as they were.
+
+Binomial tree (small): in round k, ranks whose bit k is set send their partial result to
+v - 2^k and leave; the others receive from v + 2^k (when it exists) and fold it in.
+ceil(log2 n) rounds; non-roots work on a private copy of their input.
+
+Pipelined chain (large): the buffer is cut into segments that flow v(n-1) -> ... -> v1 ->
+root; each rank receives a segment into one of ``select.RING_SLOTS`` scratch slots, folds
+its own data into it and passes it on, and the root folds the incoming segment into its
+buffer. Flow control by credits: after freeing a slot a rank posts the next receive into it
+and sends an empty credit upstream; a sender sends segment j + slots only after the credit
+for segment j, so every segment lands in a posted buffer (no unexpected-message copies) and
+the scratch stays at ``slots`` segments whatever the buffer size. Reductions of large
+segments run in a worker thread while the next segment arrives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+
+import numpy as np
+
+from aiodist.collectives import select
+from aiodist.collectives._common import Array, bounds, bv, finalize, n_segments, reduce_into, wait_all
+from aiodist.collectives.context import OpContext
+from aiodist.ops import ReduceOp, reduce_inplace
+
+__all__ = ["chain_reduce", "reduce", "tree_reduce"]
+
+_CREDIT = memoryview(b"")
+
+
+async def reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> None:
+    """Reduce every rank's ``arr`` into the root's ``arr`` (only the root's is written)."""
+    if ctx.size == 1:
+        return
+    if select.reduce_algorithm(arr.nbytes, ctx.size) == "chain":
+        await chain_reduce(ctx, arr, op, root)
+    else:
+        await tree_reduce(ctx, arr, op, root)
+
+
+async def tree_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> None:
+    n = ctx.size
+    v = (ctx.rank - root) % n
+    acc = arr if v == 0 else arr.copy()
+    tmp = np.empty_like(arr)
+    mask = 1
+    while mask < n:
+        if v & mask:
+            await ctx.send((v - mask + root) % n, bv(acc))
+            return
+        if v + mask < n:
+            await ctx.recv((v + mask + root) % n, bv(tmp))
+            reduce_inplace(op, acc, tmp)
+        mask <<= 1
+    await finalize(op, acc, n)
+
+
+async def chain_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> None:
+    n = ctx.size
+    v = (ctx.rank - root) % n
+    up = (ctx.rank + 1) % n  # sends us data (v + 1)
+    down = (ctx.rank - 1) % n  # we send data to it (v - 1)
+    seg = select.segment_elems(arr.itemsize)
+    nseg = n_segments(arr.size, seg)
+    sb = bounds(arr.size, nseg)
+    nslots = min(select.RING_SLOTS, nseg)
+
+    def part(a: Array, j: int) -> Array:
+        return a[sb[j] : sb[j + 1]]
+
+    sends: list[Awaitable[None]] = []
+    # Credits from downstream: segment j may go once the credit for j - nslots arrived.
+    credits = [] if v == 0 else [ctx.recv(down, memoryview(bytearray(0))) for _ in range(nseg - nslots)]
+    if v == n - 1:  # the far end of the chain only sends
+        for j in range(nseg):
+            if j >= nslots:
+                await credits[j - nslots]
+            sends.append(ctx.send(down, bv(part(arr, j))))
+        await wait_all(sends)
+        return
+    slot_len = min(seg, max(1, arr.size))
+    scratch = np.empty(nslots * slot_len, dtype=arr.dtype)
+    slots = [scratch[k * slot_len : (k + 1) * slot_len] for k in range(nslots)]
+    recvs = {j: ctx.recv(up, bv(slots[j][: sb[j + 1] - sb[j]])) for j in range(nslots)}
+    slot_send: list[Awaitable[None] | None] = [None] * nslots
+    for j in range(nseg):
+        k = j % nslots
+        mine = part(arr, j)
+        incoming = slots[k][: mine.size]
+        await recvs.pop(j)
+        if v == 0:
+            await reduce_into(op, mine, incoming)
+            await finalize(op, mine, n)
+        else:
+            await reduce_into(op, incoming, mine)  # incoming (op) mine, into the slot
+            if j >= nslots:
+                await credits[j - nslots]
+            slot_send[k] = ctx.send(down, bv(incoming))
+        nxt = j + nslots
+        if nxt < nseg:
+            pending = slot_send[k]
+            if pending is not None:
+                await pending  # the slot is free once its data has left
+            recvs[nxt] = ctx.recv(up, bv(slots[k][: sb[nxt + 1] - sb[nxt]]))
+            sends.append(ctx.send(up, _CREDIT))
+    await wait_all(s for s in slot_send if s is not None)
+    await wait_all(sends)
