@@ -7,12 +7,14 @@ both faces share); every other object is passed explicitly.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import datetime
 import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiodist import _loop_thread
 from aiodist.errors import DistError, DistTimeoutError, DistTypeError, DistValueError
 from aiodist.group import ProcessGroup
 from aiodist.rendezvous import is_loopback, local_address_towards, resolve_rendezvous
@@ -147,7 +149,35 @@ async def init_process_group(
         transport, range(rdv.world_size), 0, timeout=seconds, backend="tcp", name="default group"
     )
     _world = World(group, transport, rdv.store, rdv.owns_store, "tcp", loop, [group])
+    _leave_at_exit(loop)
     log.debug("aiodist: rank %d of %d initialised (pid %d)", my_rank, rdv.world_size, os.getpid())
+
+
+_exit_hook_registered = False
+
+
+def _leave_at_exit(loop: asyncio.AbstractEventLoop) -> None:
+    """When the runtime runs on the sync face's loop thread, leave in order at interpreter exit.
+
+    torch scripts often end without ``destroy_process_group``; an orderly leave tells the
+    peers this rank is done (not crashed), so ranks still talking among themselves go on.
+    """
+    global _exit_hook_registered
+    lt = _loop_thread._instance
+    if _exit_hook_registered or lt is None or lt.loop is not loop:
+        return
+    _exit_hook_registered = True
+    # atexit runs last-registered first: this runs before the loop thread is stopped.
+    atexit.register(_destroy_at_exit, lt)
+
+
+def _destroy_at_exit(lt: _loop_thread.LoopThread) -> None:
+    if _world is None or _world.loop is not lt.loop or lt.loop.is_closed():
+        return
+    try:
+        lt.run(destroy_process_group(), timeout=10)
+    except Exception as exc:  # exiting anyway; say why the leave was not clean
+        log.debug("aiodist: destroy_process_group at exit failed: %s", exc)
 
 
 async def destroy_process_group(group: ProcessGroup | None = None) -> None:

@@ -210,3 +210,16 @@ async def test_barrier_all_sizes() -> None:
             assert len(order) == g.size  # nobody leaves before everybody arrived
 
         await run_memory_world(n, fn)
+
+
+async def test_orderly_leave_does_not_break_the_others() -> None:
+    """A rank that destroys its group (torch's tutorial: ranks 1, 2 leave at once) leaves the
+    other ranks free to go on among themselves; only what needs the leaver fails."""
+    fabric, groups = memory_world(3)
+    await fabric.transports[1].aclose()
+    buf = np.zeros(2)
+    w = groups[2].recv(buf, 0)
+    await groups[0].send(np.ones(2), 2)
+    assert await w == 0 and buf.tolist() == [1.0, 1.0]
+    with pytest.raises(Exception, match="rank 1 has left"):
+        await groups[0].recv(np.zeros(1), 1)

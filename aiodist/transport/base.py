@@ -385,6 +385,13 @@ class Transport(ABC):
         for cb in list(self._peer_lost_listeners):
             cb(peer, exc)
 
+    def _peer_left(self, peer: int, exc: DistNetworkError) -> None:
+        """``peer`` left in an orderly way: operations that still need it fail; groups go on."""
+        if peer in self.dead_peers:
+            return
+        self.dead_peers[peer] = exc
+        self.mailbox.fail_peer(peer, exc)
+
     def _key_failed(self, key: Key, exc: BaseException) -> None:
         self.mailbox.fail_key(key, exc)
         for cb in list(self._key_failed_listeners):

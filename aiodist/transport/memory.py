@@ -58,13 +58,22 @@ class MemoryTransport(Transport):
             self.loop.call_soon(peer._abort_reported, self.rank, key, reason)
 
     async def aclose(self) -> None:
-        self.abort()
+        """An orderly leave: peers fail only what still needs this rank."""
+        self._close(graceful=True)
 
     def abort(self) -> None:
+        """A crash, as seen by the peers: every group containing this rank breaks."""
+        self._close(graceful=False)
+
+    def _close(self, graceful: bool) -> None:
         if self.closed:
             return
         self.closed = True
         self.mailbox.fail_all(DistNetworkError(f"rank {self.rank}: transport closed"))
         for other in self._fabric.transports:
-            if other is not self and not other.closed:
+            if other is self or other.closed:
+                continue
+            if graceful:
+                other._peer_left(self.rank, DistNetworkError(f"rank {self.rank} has left the job"))
+            else:
                 other._peer_lost(self.rank, DistNetworkError(f"rank {self.rank} closed its connection"))

@@ -43,6 +43,7 @@ log = logging.getLogger("aiodist.transport")
 KIND_DATA = 0
 KIND_MISMATCH = 1
 KIND_ABORT = 2
+KIND_BYE = 3  # an orderly goodbye: the peer destroyed its process group and is leaving
 
 # Payloads up to this size are joined with their header into one bytes object: one small
 # copy is cheaper than a second buffer in the write queue.
@@ -92,6 +93,7 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self._drain_waiters: deque[asyncio.Future[None]] = deque()
         self._paused = False
         self._deadline: asyncio.TimerHandle | None = None
+        self.departed = False  # the peer said goodbye before closing
 
     # -- asyncio callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -192,6 +194,10 @@ class _PeerProtocol(asyncio.BufferedProtocol):
             if nbytes or not isinstance(fp, str):
                 raise ProtocolError(f"malformed abort notice from rank {self.peer}")
             self.owner._abort_reported(self.peer, (gid, chan, n), fp)
+            self._target = DISCARD
+            return None
+        if kind == KIND_BYE:
+            self.departed = True
             self._target = DISCARD
             return None
         raise ProtocolError(f"unknown message kind {kind!r} from rank {self.peer}")
@@ -407,6 +413,13 @@ class TcpTransport(Transport):
         if self.closed:
             return
         cause = self._poisoned.get(proto.peer)
+        if proto.departed and cause is None:
+            # An orderly leave: fail what still needs this rank, but do not break the groups;
+            # the other ranks may go on among themselves (torch's tutorial programs do).
+            self._peer_left(
+                proto.peer, DistNetworkError(f"rank {proto.peer} has left the job (destroy_process_group)")
+            )
+            return
         if cause is not None:
             err = DistNetworkError(f"connection to rank {proto.peer} was dropped: {cause}")
         else:
@@ -421,10 +434,10 @@ class TcpTransport(Transport):
     async def aclose(self) -> None:
         if self.closed:
             return
-        # Let queued sends reach the kernel (bounded), then close.
-        waits = [
-            p.write_message(b"", memoryview(b"")) for p in self._peers.values() if p.transport is not None
-        ]
+        # Say goodbye (so peers know this is a leave, not a crash), let queued sends reach
+        # the kernel (bounded), then close.
+        bye = encode_frame([KIND_BYE, 0, 0, 0, None])
+        waits = [p.write_message(bye, memoryview(b"")) for p in self._peers.values() if p.transport is not None]
         pending = [w for w in waits if isinstance(w, asyncio.Future) and not w.done()]
         if pending:
             await asyncio.wait(pending, timeout=5.0)
