@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 WHEELS := $(wildcard /opt/wheels)
 PIP_FLAGS := $(if $(WHEELS),--find-links $(WHEELS),)
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
+BENCH_OUT := build/bench
 
 .PHONY: install demo test test-fast bench lint typecheck clean
 
@@ -26,8 +28,16 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
 
-bench: install
-	$(PY) -m aiodist.bench --compare gloo
+# The bench extra (matplotlib, for the plot) on top of what `install` put in.
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q $(PIP_FLAGS) -e '.[torch,test,dev,bench]'
+	touch $(BENCH_STAMP)
+
+# nccl-tests style tables, aiodist (both faces) vs gloo, 2 and 4 ranks; then the DDP step benchmark.
+bench: $(BENCH_STAMP)
+	mkdir -p $(BENCH_OUT)
+	$(PY) -m aiodist.bench --compare gloo --json $(BENCH_OUT)/bench.json --plot $(BENCH_OUT)/algbw.png
+	$(PY) -m aiodist.parallel.bench_ddp --json $(BENCH_OUT)/ddp.json
 
 lint: install
 	$(PY) -m ruff check aiodist tests examples

@@ -5,6 +5,26 @@ returns an awaitable ``Work``. ``aiodist.sync`` is the blocking, torch.distribut
 face over the same runtime.
 """
 
+from aiodist._collectives import all_gather as all_gather
+from aiodist._collectives import all_gather_into_tensor as all_gather_into_tensor
+from aiodist._collectives import all_gather_single as all_gather_single
+from aiodist._collectives import all_reduce as all_reduce
+from aiodist._collectives import all_to_all as all_to_all
+from aiodist._collectives import all_to_all_single as all_to_all_single
+from aiodist._collectives import broadcast as broadcast
+from aiodist._collectives import gather as gather
+from aiodist._collectives import reduce as reduce
+from aiodist._collectives import reduce_scatter as reduce_scatter
+from aiodist._collectives import reduce_scatter_single as reduce_scatter_single
+from aiodist._collectives import reduce_scatter_tensor as reduce_scatter_tensor
+from aiodist._collectives import scatter as scatter
+from aiodist._monitored import monitored_barrier as monitored_barrier
+from aiodist._objects import all_gather_object as all_gather_object
+from aiodist._objects import broadcast_object_list as broadcast_object_list
+from aiodist._objects import gather_object as gather_object
+from aiodist._objects import recv_object_list as recv_object_list
+from aiodist._objects import scatter_object_list as scatter_object_list
+from aiodist._objects import send_object_list as send_object_list
 from aiodist._p2p import P2POp as P2POp
 from aiodist._p2p import barrier as barrier
 from aiodist._p2p import batch_isend_irecv as batch_isend_irecv
@@ -58,6 +78,7 @@ __all__ = [
     "TCPStore",
     "Work",
     "barrier",
+    "monitored_barrier",
     "batch_isend_irecv",
     "destroy_process_group",
     "get_backend",
@@ -71,4 +92,23 @@ __all__ = [
     "recv",
     "reduce_op",
     "send",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_gather_single",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "recv_object_list",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+    "send_object_list",
 ]

@@ -125,7 +125,9 @@ class LoopThread:
 
     def _check_thread(self, what: str) -> None:
         if self.in_loop_thread():
-            raise RuntimeError(f"a blocking aiodist call ({what}) was made from the runtime's own loop thread")
+            raise RuntimeError(
+                f"a blocking aiodist call ({what}) was made from the runtime's own loop thread"
+            )
 
     # -- the fast hop ------------------------------------------------------------------
     def call(self, fn: Callable[[], T]) -> T:

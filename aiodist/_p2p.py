@@ -50,20 +50,26 @@ def irecv(
 
 @dataclass(frozen=True, slots=True)
 class P2POp:
-    """One operation of ``batch_isend_irecv``: ``P2POp(dist.isend, tensor, peer)``."""
+    """One operation of ``batch_isend_irecv``: ``P2POp(dist.isend, tensor, peer)``.
+
+    ``peer`` is a global rank; torch's ``group_peer`` (a rank within ``group``) is accepted instead.
+    """
 
     op: Callable[..., Any]
     tensor: Any
     peer: int | None = None
     group: Any = None
     tag: int = 0
+    group_peer: int | None = None
 
     def __post_init__(self) -> None:
         if _direction(self.op) is None:
             raise DistTypeError(
                 "P2POp.op must be isend or irecv (of aiodist, aiodist.sync or torch.distributed)"
             )
-        if self.peer is None and _direction(self.op) == "send":
+        if self.peer is not None and self.group_peer is not None:
+            raise DistValueError("P2POp takes either peer or group_peer, not both")
+        if self.peer is None and self.group_peer is None and _direction(self.op) == "send":
             raise DistValueError("P2POp with isend needs a peer")
 
 
@@ -83,11 +89,16 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
     works = []
     for p in p2p_op_list:
         g = resolve_group(p.group)
+        peer = p.peer
+        if p.group_peer is not None:
+            if not 0 <= p.group_peer < g.size:
+                raise DistValueError(f"P2POp: group_peer={p.group_peer} is not a rank of {g.name} (size {g.size})")
+            peer = g.ranks[p.group_peer]
         if _direction(p.op) == "send":
-            assert p.peer is not None
-            works.append(g.send(p.tensor, p.peer, p.tag))
+            assert peer is not None  # checked in __post_init__
+            works.append(g.send(p.tensor, peer, p.tag))
         else:
-            works.append(g.recv(p.tensor, p.peer, p.tag))
+            works.append(g.recv(p.tensor, peer, p.tag))
     return works
 
 

@@ -19,16 +19,22 @@ from aiodist.collectives.barrier import barrier as _barrier_algo
 from aiodist.collectives.context import OpContext, byte_view
 from aiodist.errors import DistError, DistNetworkError, DistTimeoutError, DistTypeError, DistValueError
 from aiodist.ops import dtype_name
-from aiodist.transport.base import COLL, P2P, Fingerprint, Key, Transport
+from aiodist.transport.base import COLL, P2P, Fingerprint, Key, Transport, abort_kind
 from aiodist.work import Work
 
-__all__ = ["ProcessGroup"]
+__all__ = ["PEER_LOSS_GRACE", "ProcessGroup"]
+
+# After a member is lost (no goodbye), operations in flight that do not need it directly get
+# this many seconds to complete (the data of a rank that exits right after its last
+# operation is already on its way); whatever is still pending then fails, naming the lost
+# rank, instead of waiting for the timeout.
+PEER_LOSS_GRACE = 1.0
 
 
 class _Op:
     """Bookkeeping of one in-flight operation."""
 
-    __slots__ = ("cleanup", "error", "future", "is_task", "key", "name", "timer")
+    __slots__ = ("cleanup", "error", "future", "is_task", "key", "name", "survives_loss", "timer")
 
     def __init__(self, name: str, key: Key) -> None:
         self.name = name
@@ -38,6 +44,7 @@ class _Op:
         self.error: BaseException | None = None
         self.is_task = False
         self.cleanup: Callable[[], None] | None = None
+        self.survives_loss = False  # a diagnostic that reports lost members itself
 
 
 def _describe_ranks(ranks: Sequence[int | None]) -> str:
@@ -125,15 +132,35 @@ class ProcessGroup:
         for that rank's data (the transport fails those receives), when it next sends to it,
         or when another member abandons the operation for the same reason (``_body`` tells
         every member). One that already has all it needs from the lost rank completes, so a
-        rank that leaves right after the last collective does not fail the others.
+        rank that exits right after the last collective does not fail the others; whatever
+        is still pending ``PEER_LOSS_GRACE`` seconds later fails, naming the lost rank.
         """
-        if peer not in self._group_rank or self.broken is not None:
+        if peer not in self._group_rank:
             return
-        self.broken = exc
+        if self.broken is None:
+            self.broken = exc
+        stranded = [op for op in self._inflight.values() if op.future is not None and not op.survives_loss]
+        if stranded:
+            self.loop.call_later(PEER_LOSS_GRACE, self._fail_stranded, stranded, exc)
+
+    def _fail_stranded(self, ops: list[_Op], exc: DistNetworkError) -> None:
+        """Fail the operations that were in flight when a member was lost and are still pending."""
+        for op in ops:
+            if op.future is not None and not op.future.done():
+                err = DistNetworkError(
+                    f"{op.name} on rank {self.global_rank} ({self.name}) could not complete "
+                    f"within {PEER_LOSS_GRACE:g} s of losing a member: {exc}"
+                )
+                err.__cause__ = exc
+                self._fail(op, err)
 
     def _on_key_failed(self, key: Key, exc: BaseException) -> None:
         if key[0] != self.gid:
             return
+        if isinstance(exc, DistNetworkError) and key[1] == COLL and self.broken is None:
+            # Another member abandoned a collective because it lost a peer (its notice
+            # names it): this group cannot go on, even before our own connection reports it.
+            self.broken = exc
         for op in list(self._inflight.values()):
             if op.key == key:
                 self._fail(op, exc)
@@ -165,7 +192,7 @@ class ProcessGroup:
         waiting = self.transport.mailbox.waiting_on(op.key)
         err = DistTimeoutError(
             f"{op.name} on rank {self.global_rank} ({self.name}) timed out after {t:g} s "
-            f"waiting for data from {_describe_ranks(waiting)}"
+            f"waiting for data from {_describe_ranks(waiting)}{self.transport.stall_note()}"
         )
         self._fail(op, err)
 
@@ -176,17 +203,29 @@ class ProcessGroup:
         if op.cleanup is not None:
             op.cleanup()
         if op.is_task:
-            op.error = err
+            if op.error is None:  # the first cause wins (a mismatch report, then the peer's abort)
+                op.error = err
             fut.cancel()
         else:
             fut.set_exception(err)
 
     def start(
-        self, name: str, key: Key, coro: Coroutine[Any, Any, Any], timeout: float | None = None
+        self,
+        name: str,
+        key: Key,
+        coro: Coroutine[Any, Any, Any],
+        timeout: float | None = None,
+        *,
+        survives_loss: bool = False,
     ) -> Work:
-        """Run ``coro`` as the operation ``name`` with message key ``key``; return its Work."""
+        """Run ``coro`` as the operation ``name`` with message key ``key``; return its Work.
+
+        ``survives_loss``: losing a member does not fail this operation after the grace
+        period (it handles lost members itself, as monitored_barrier does).
+        """
         op = _Op(name, key)
         op.is_task = True
+        op.survives_loss = survives_loss
         task = self.loop.create_task(self._body(op, coro))
         self._track(op, task, timeout)
         return Work(task, name)
@@ -199,6 +238,17 @@ class ProcessGroup:
                 raise
             self._abandon(op, op.error)
             raise op.error from None
+        except DistNetworkError as exc:
+            self._abandon(op, exc)
+            if op.name in str(exc):
+                if op.key[1] == COLL and self.broken is None:
+                    self.broken = exc
+                raise
+            # Say which operation the loss broke (the transport only knows the rank).
+            err = DistNetworkError(f"{op.name} on rank {self.global_rank} failed: {exc}")
+            if op.key[1] == COLL and self.broken is None:
+                self.broken = err
+            raise err from exc
         except BaseException as exc:
             self._abandon(op, exc)
             raise
@@ -209,12 +259,13 @@ class ProcessGroup:
         if op.key[1] != COLL:
             return
         self.transport.abandon(op.key)
-        if isinstance(exc, DistTimeoutError | asyncio.CancelledError):
-            return
+        if isinstance(exc, DistTimeoutError | asyncio.CancelledError) or op.survives_loss:
+            return  # (a diagnostic such as monitored_barrier tells the members itself)
         reason = f"rank {self.global_rank} abandoned {op.name}: {exc}"
+        kind = abort_kind(exc)
         for r in self.ranks:
             if r != self.global_rank and r not in self.transport.dead_peers:
-                self.transport.send_abort(r, op.key, reason)
+                self.transport.send_abort(r, op.key, reason, kind)
 
     def _watch(
         self,
@@ -277,21 +328,38 @@ class ProcessGroup:
 
     # -- collectives ----------------------------------------------------------------------
     def next_op(
-        self, name: str, *, dtype: str = "", count: int = 0, root: int = -1, redop: str | None = None
+        self,
+        name: str,
+        *,
+        dtype: str = "",
+        count: int = 0,
+        root: int = -1,
+        redop: str | None = None,
+        allow_broken: bool = False,
     ) -> OpContext:
-        """Take the next sequence number for collective ``name`` and build its context."""
-        self.check_usable(name)
+        """Take the next sequence number for collective ``name`` and build its context.
+
+        ``allow_broken``: run even on a broken group (diagnostics such as monitored_barrier,
+        which must still name who is missing).
+        """
+        if not (allow_broken and self.rank >= 0):
+            self.check_usable(name)
         seq = self._seq
         self._seq += 1
         key = (self.gid, COLL, seq)
         return OpContext(self.transport, self.ranks, self.rank, key, [name, seq, dtype, count, root, redop])
 
     def collective(
-        self, ctx: OpContext, coro: Coroutine[Any, Any, Any], timeout: float | None = None
+        self,
+        ctx: OpContext,
+        coro: Coroutine[Any, Any, Any],
+        timeout: float | None = None,
+        *,
+        survives_loss: bool = False,
     ) -> Work:
         """Start the algorithm ``coro`` for the operation described by ``ctx``."""
         assert ctx.fp is not None
-        return self.start(f"{ctx.fp[0]} #{ctx.fp[1]}", ctx.key, coro, timeout)
+        return self.start(f"{ctx.fp[0]} #{ctx.fp[1]}", ctx.key, coro, timeout, survives_loss=survives_loss)
 
     def barrier(self, timeout: float | None = None) -> Work:
         ctx = self.next_op("barrier")

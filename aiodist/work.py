@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import datetime
 from collections.abc import Generator
 from typing import Any
 
@@ -92,17 +93,20 @@ class Work:
         return self._future.result()
 
     # -- threads -------------------------------------------------------------------------
-    def wait(self, timeout: float | None = None) -> bool:
+    def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
         """Block this thread until the operation completes; raise its error if it failed.
 
         Args:
-            timeout: seconds to wait at most. When it runs out, ``DistTimeoutError`` is raised
-                and the operation keeps running.
+            timeout: seconds (or torch's ``timedelta``; ``timedelta(0)`` means no limit) to wait
+                at most. When it runs out, ``DistTimeoutError`` is raised and the operation keeps
+                running.
         Returns:
             True, as torch's ``Work.wait``.
         Raises:
             DistError: from a thread running the runtime loop (it would deadlock).
         """
+        if isinstance(timeout, datetime.timedelta):  # torch's form; timedelta(0) means no limit
+            timeout = timeout.total_seconds() or None
         if self._future.done():
             self.result()
             return True

@@ -21,6 +21,39 @@ DEMOS: list[tuple[str, list[str]]] = [
     ),
     ("tutorial: non-blocking point-to-point (isend/irecv + wait)", [PY, str(HERE / "p2p_nonblocking.py")]),
     (
+        "tutorial: all_reduce in a group of ranks 0 and 1 (ranks 2, 3 are not members)",
+        [PY, str(HERE / "allreduce_group.py")],
+    ),
+    ("tutorial: a hand-written ring all-reduce with isend/recv", [PY, str(HERE / "ring_allreduce.py")]),
+    (
+        "tutorial: distributed synchronous SGD, gradients averaged with all_reduce (partitioned synthetic data)",
+        [PY, str(HERE / "sgd_allreduce.py")],
+    ),
+    ("tutorial: every collective of the tutorial's table, 4 ranks", [PY, str(HERE / "collectives_tour.py")]),
+    (
+        "init_process_group by hand: rank 0 with rank=/world_size=, rank 1 from RANK/WORLD_SIZE",
+        [PY, str(HERE / "init_by_hand.py")],
+    ),
+    (
+        "init_process_group(rank=0, world_size=1) wins over WORLD_SIZE=2: one-process training",
+        [PY, str(HERE / "single_process_train.py")],
+    ),
+    (
+        "legacy launcher passing --local_rank (python -m aiodist.launch)",
+        [
+            PY,
+            "-m",
+            "aiodist.launch",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(HERE / "launch_local_rank.py"),
+        ],
+    ),
+    (
+        "LOCAL_RANK from the environment (aiodist-run)",
+        [PY, "-m", "aiodist.run", "--standalone", "--nproc-per-node", "2", str(HERE / "launch_env.py")],
+    ),
+    (
         "async pipeline: 4 stages, 16 micro-batches in flight (async face, via aiodist-run)",
         [PY, "-m", "aiodist.run", "--nproc-per-node", "4", str(HERE / "async_pipeline.py")],
     ),
@@ -40,7 +73,9 @@ def main() -> int:
             f"\n=== {title}\n$ {' '.join(Path(c).name if c.endswith('.py') else c for c in cmd[1:])}",
             flush=True,
         )
-        env = dict(os.environ, MASTER_PORT=str(free_port()), PYTHONUNBUFFERED="1")
+        # print(..., flush=True) then reaches the pipe in one write, so ranks do not interleave mid-line.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        env["MASTER_PORT"] = str(free_port())
         start = time.monotonic()
         proc = subprocess.run(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120

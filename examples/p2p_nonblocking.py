@@ -7,7 +7,7 @@ the tensor. Only the import line differs from the torch.distributed version.
 import os
 
 import torch
-import torch.multiprocessing as mp
+from torch.multiprocessing import Process
 
 if os.environ.get("EXAMPLE_BACKEND") == "torch":
     import torch.distributed as dist
@@ -45,9 +45,8 @@ def init_process(rank, size, fn, backend="gloo"):
 if __name__ == "__main__":
     size = 4
     processes = []
-    mp.set_start_method("spawn")
     for rank in range(size):
-        p = mp.Process(target=init_process, args=(rank, size, run))
+        p = Process(target=init_process, args=(rank, size, run))
         p.start()
         processes.append(p)
     for p in processes:

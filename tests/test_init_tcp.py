@@ -178,7 +178,8 @@ async def _own_store_job(rank: int, size: int, port: int) -> Any:
     res = await _ring_check()
     await dist.destroy_process_group()
     await store.set(f"done/{rank}", b"1")  # the store is still ours to use
-    await store.wait([f"done/{r}" for r in range(size)])
+    if rank == 0:  # the host closes the store only once nobody needs it any more
+        await store.wait([f"done/{r}" for r in range(size)])
     await store.aclose()
     return res
 

@@ -66,10 +66,7 @@ def diagonal_order(segments: int, steps: int) -> list[tuple[int, int]]:
 
 def same_memory(a: Array, b: Array) -> bool:
     """True when ``a`` and ``b`` view exactly the same bytes (an in-place call)."""
-    return bool(
-        a.nbytes == b.nbytes
-        and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-    )
+    return bool(a.nbytes == b.nbytes and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
 def copy_into(dst: Array, src: Array) -> None:

@@ -51,7 +51,9 @@ async def bruck_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -
     have = 1
     while have < n:
         m = min(have, n - have)
-        await ctx.sendrecv((r - have) % n, bv(tmp[: m * b]), (r + have) % n, bv(tmp[have * b : (have + m) * b]))
+        await ctx.sendrecv(
+            (r - have) % n, bv(tmp[: m * b]), (r + have) % n, bv(tmp[have * b : (have + m) * b])
+        )
         have += m
     for i in range(n):
         copy_into(blocks[(r + i) % n], tmp[i * b : (i + 1) * b])

@@ -40,7 +40,7 @@ from aiodist.collectives._common import (
     wait_all,
 )
 from aiodist.collectives.context import OpContext
-from aiodist.ops import ReduceOp, reduce_inplace
+from aiodist.ops import ReduceOp
 
 __all__ = ["allreduce", "recursive_doubling", "ring_allreduce"]
 
@@ -68,7 +68,7 @@ async def recursive_doubling(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
         return
     if r < 2 * extra:
         await ctx.recv(r - 1, bv(tmp))
-        reduce_inplace(op, tmp, acc)  # lower rank's data first
+        await reduce_into(op, tmp, acc)  # lower rank's data first
         acc, tmp = tmp, acc
         vr = r // 2
     else:
@@ -79,10 +79,10 @@ async def recursive_doubling(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
         peer = 2 * vpeer + 1 if vpeer < extra else vpeer + extra
         await ctx.sendrecv(peer, bv(acc), peer, bv(tmp))
         if vpeer < vr:
-            reduce_inplace(op, tmp, acc)
+            await reduce_into(op, tmp, acc)
             acc, tmp = tmp, acc
         else:
-            reduce_inplace(op, acc, tmp)
+            await reduce_into(op, acc, tmp)
         mask <<= 1
     await finalize(op, acc, n)
     if acc is not arr:

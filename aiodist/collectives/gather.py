@@ -36,8 +36,9 @@ def _use_tree(ctx: OpContext, block_bytes: int, equal: bool) -> bool:
     return equal and select.gather_algorithm(block_bytes, ctx.size) == "tree"
 
 
-async def gather(ctx: OpContext, inp: Array, blocks: Sequence[Array] | None, root: int,
-                 *, uniform: bool = True) -> None:
+async def gather(
+    ctx: OpContext, inp: Array, blocks: Sequence[Array] | None, root: int, *, uniform: bool = True
+) -> None:
     """Collect every rank's ``inp`` into the root's ``blocks[i]`` (``blocks`` only on the root).
 
     ``uniform`` says every rank's block has the same size (all ranks must agree; the tree
@@ -80,8 +81,9 @@ async def gather(ctx: OpContext, inp: Array, blocks: Sequence[Array] | None, roo
         copy_into(blocks[(i + root) % n], tmp[i * b : (i + 1) * b])
 
 
-async def scatter(ctx: OpContext, out: Array, blocks: Sequence[Array] | None, root: int,
-                  *, uniform: bool = True) -> None:
+async def scatter(
+    ctx: OpContext, out: Array, blocks: Sequence[Array] | None, root: int, *, uniform: bool = True
+) -> None:
     """Send the root's ``blocks[i]`` to group rank i's ``out`` (``blocks`` only on the root)."""
     n, r = ctx.size, ctx.rank
     if r == root:

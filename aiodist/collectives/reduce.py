@@ -26,7 +26,7 @@ import numpy as np
 from aiodist.collectives import select
 from aiodist.collectives._common import Array, bounds, bv, finalize, n_segments, reduce_into, wait_all
 from aiodist.collectives.context import OpContext
-from aiodist.ops import ReduceOp, reduce_inplace
+from aiodist.ops import ReduceOp
 
 __all__ = ["chain_reduce", "reduce", "tree_reduce"]
 
@@ -55,7 +55,7 @@ async def tree_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> No
             return
         if v + mask < n:
             await ctx.recv((v + mask + root) % n, bv(tmp))
-            reduce_inplace(op, acc, tmp)
+            await reduce_into(op, acc, tmp)
         mask <<= 1
     await finalize(op, acc, n)
 

@@ -4,42 +4,56 @@ Every choice depends only on values that are equal on all ranks of a well-formed
 (byte count of the operation, group size), so all ranks pick the same algorithm; a call
 whose ranks disagree on sizes is caught by the fingerprint of its first message.
 
-Measured on the development machine (2 cores, loopback TCP, uvloop, 2 and 4 processes,
-median of 5-20 runs per point; /tmp script, not kept). Times are per call.
+Measured on the development machine: 2 cores, loopback TCP, uvloop, 2 and 4 processes
+(4 processes oversubscribe the 2 cores), shared with other jobs, so figures are the best of
+5-15 interleaved runs, in ms per call on rank 0 (/tmp script, not kept).
 
-all_reduce float32, recursive doubling (rd) vs segmented ring::
+all_reduce float32, total bytes: recursive doubling / segmented ring::
 
-    bytes     2 ranks rd / ring    4 ranks rd / ring
-    4 KiB     0.12 / 0.21 ms       0.36 / 0.72 ms
-    64 KiB    0.29 / 0.37 ms       0.71 / 1.10 ms
-    256 KiB   0.90 / 0.86 ms       2.2  / 2.1  ms
-    1 MiB     3.6  / 2.7  ms       8.9  / 6.3  ms
-    16 MiB    64   / 37   ms       140  / 78   ms
+    bytes     2 ranks          4 ranks
+    64 KiB    0.18 / 0.43      0.91 / 1.5
+    256 KiB   0.30 / 0.30      0.83 / 1.4
+    1 MiB     0.55 / 0.76      4.0  / 2.8
+    4 MiB     5.0  / 4.4       14.7 / 15.2
+    16 MiB    17.6 / 21.5      73 / 79 (medians 137 / 83; an earlier run 187 / 74)
+    -> ring from 1 MiB (it also needs no full-size scratch, recursive doubling does).
+    Ring segment at 64 MiB, 2 / 4 ranks: 256 KiB 272 / 460, 512 KiB 163 / 402,
+    1 MiB 116 / 318, 4 MiB 75 / 349 -> 1 MiB. Receive slots 2 / 4 / 8: within noise
+    (64 MiB, 4 ranks: 411 / 377 / 347) -> 4. Reductions in a worker thread from 64 KiB /
+    256 KiB / never: 4 MiB on 4 ranks 30 / 25 / 37, on 2 ranks 15.7 / 14.6 / 10.5 -> off
+    the loop from 512 KiB (below that a reduction takes < 0.1 ms on the loop).
 
-    -> ring from 256 KiB. Ring segments: 256 KiB / 512 KiB / 1 MiB / 4 MiB gave
-       37 / 35 / 36 / 44 ms at 16 MiB on 2 ranks (78 / 75 / 80 / 95 ms on 4): 512 KiB.
+broadcast, total bytes: binomial tree / pipelined chain (4 ranks; on 2 they are the
+same single transfer)::
 
-broadcast float32, binomial tree vs pipelined chain::
+    64 KiB 0.075 / 0.065, 256 KiB 0.11 / 0.08, 1 MiB 0.30 / 0.20, 4 MiB 3.5 / 0.71,
+    16 MiB 24.5 / 8.8  -> chain from 256 KiB with 3+ ranks.
 
-    bytes     2 ranks tree / chain    4 ranks tree / chain
-    64 KiB    0.15 / 0.17 ms          0.43 / 0.47 ms
-    1 MiB     0.9  / 0.9  ms          2.9  / 2.2  ms
-    16 MiB    14   / 14   ms          45   / 31   ms
+reduce, total bytes: binomial tree / chain with credits::
 
-    -> chain from 1 MiB (with 3+ ranks; with 2 they are the same exchange).
+    2 ranks: 1 MiB 0.72 / 0.91, 4 MiB 2.7 / 2.7, 16 MiB 12.7 / 10.2
+    4 ranks: 1 MiB 2.0 / 2.1,   4 MiB 7.3 / 9.2, 16 MiB 21.6 / 23.2 (medians 27 / 41)
+    -> chain from 4 MiB: the tree is as fast up to there, but it holds two full-size
+    copies on every non-root rank, the chain four segments.
 
-all_gather float32 (bytes per rank), Bruck (log rounds, staging copy) vs ring::
+all_gather, bytes per rank: Bruck / ring::
 
-    64 B      0.12 / 0.14 ms (2)      0.35 / 0.52 ms (4)
-    16 KiB    0.18 / 0.19 ms          0.55 / 0.62 ms
-    256 KiB   1.0  / 0.8  ms          3.4  / 2.6  ms
-
+    2 ranks: 4 KiB 0.077 / 0.077, 64 KiB 0.10 / 0.09, 1 MiB 0.60 / 0.50
+    4 ranks: 4 KiB 0.16 / 0.30,   64 KiB 0.55 / 0.33, 1 MiB 3.3 / 2.3
     -> ring from 64 KiB per rank.
 
-reduce and reduce_scatter follow all_reduce's figures (tree / direct below 256 KiB,
-chain / ring above). Reductions of segments of 256 KiB and more run in a worker thread:
-below that the thread hop (~40 us) costs more than the reduction (float32 add of
-256 KiB: ~30 us), above it the event loop stays free while numpy works.
+reduce_scatter, total input bytes: direct / ring::
+
+    2 ranks: 256 KiB 0.14 / 0.12, 1 MiB 0.19 / 0.29, 4 MiB 1.3 / 1.2, 16 MiB 8.7 / 6.7
+    4 ranks: 256 KiB 0.57 / 0.89, 1 MiB 0.65 / 0.53, 4 MiB 6.5 / 8.4, 16 MiB 22.6 / 27.8
+    -> ring from 1 MiB: close in time, and direct stages (n-1)/n of the input.
+
+gather, bytes per rank: binomial tree / direct::
+
+    4 ranks: 4 KiB 0.26 / 0.08, 64 KiB 0.43 / 0.10, 1 MiB 0.73 / 0.45 (2 ranks: equal)
+    -> direct at every size measured; the tree is kept for groups of 16+ ranks with
+    blocks under 16 KiB, where n-1 messages converging on the root cost more than
+    log2(n) rounds (not measurable on this machine).
 """
 
 from __future__ import annotations
@@ -54,6 +68,7 @@ __all__ = [
     "RING_SLOTS",
     "SEGMENT_BYTES",
     "TREE_GATHER_BYTES",
+    "TREE_GATHER_MIN_RANKS",
     "THREAD_REDUCE_BYTES",
     "allgather_algorithm",
     "allreduce_algorithm",
@@ -65,23 +80,24 @@ __all__ = [
 ]
 
 #: all_reduce: recursive doubling below, segmented ring at and above (total bytes).
-ALLREDUCE_RING_BYTES = 256 * 1024
+ALLREDUCE_RING_BYTES = 1024 * 1024
 #: broadcast: binomial tree below, pipelined chain at and above (total bytes).
-BCAST_CHAIN_BYTES = 1024 * 1024
+BCAST_CHAIN_BYTES = 256 * 1024
 #: reduce: binomial tree below, pipelined chain at and above (total bytes).
-REDUCE_CHAIN_BYTES = 256 * 1024
+REDUCE_CHAIN_BYTES = 4 * 1024 * 1024
 #: all_gather: Bruck below, ring at and above (bytes contributed per rank).
 ALLGATHER_RING_BYTES = 64 * 1024
-#: reduce_scatter: direct exchange below, ring at and above (bytes of input per rank).
-REDUCE_SCATTER_RING_BYTES = 256 * 1024
-#: gather / scatter: binomial tree below, direct at and above (bytes per rank).
+#: reduce_scatter: direct exchange below, ring at and above (total input bytes per rank).
+REDUCE_SCATTER_RING_BYTES = 1024 * 1024
+#: gather / scatter: binomial tree below this block size in groups of TREE_GATHER_MIN_RANKS+.
 TREE_GATHER_BYTES = 16 * 1024
+TREE_GATHER_MIN_RANKS = 16
 #: pipeline segment of the ring, chain and reduce algorithms.
-SEGMENT_BYTES = 512 * 1024
+SEGMENT_BYTES = 1024 * 1024
 #: receive slots (each one segment) of the pipelined reductions: the op's only scratch.
 RING_SLOTS = 4
 #: reductions of at least this many bytes run in a worker thread.
-THREAD_REDUCE_BYTES = 256 * 1024
+THREAD_REDUCE_BYTES = 512 * 1024
 
 RD_ALLREDUCE = "recursive doubling"
 
@@ -112,4 +128,4 @@ def reduce_scatter_algorithm(block_bytes: int, size: int) -> str:
 
 
 def gather_algorithm(block_bytes: int, size: int) -> str:
-    return "direct" if size <= 2 or block_bytes >= TREE_GATHER_BYTES else "tree"
+    return "tree" if size >= TREE_GATHER_MIN_RANKS and block_bytes < TREE_GATHER_BYTES else "direct"

@@ -23,6 +23,7 @@ __all__ = [
     "bucket_size_limits",
     "compute_bucket_assignment_by_size",
     "ddp_buckets",
+    "reverse_order_buckets",
 ]
 
 DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024
@@ -258,6 +259,35 @@ def ddp_buckets(
     return compute_bucket_assignment_by_size(
         [params[i] for i in order], rebuild_limits, expect_sparse_gradient, order
     )
+
+
+def reverse_order_buckets(
+    tensors: Sequence[TensorLike],
+    bucket_cap_mb: float = 25.0,
+    first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
+) -> list[list[int]]:
+    """The layout of aiodist's ``DistributedDataParallel`` and ``GradBucketer`` (SPEC §8).
+
+    Tensors are taken in reverse order (gradients become ready roughly last layer first); the
+    first bucket is capped at ``first_bucket_bytes`` when that is below the cap, every other at
+    ``bucket_cap_mb``; one dtype and device per bucket. Bucket 0 is reduced first. This is the
+    layout torch's DDP (``bucket_cap_mb=None``) arrives at after its first-iteration rebuild when
+    gradients become ready in exactly reverse order: ``ddp_buckets(..., grad_ready_order=
+    reversed(range(n)))`` with an explicit first cap.
+
+    Returns:
+        Tensor indices of each bucket, in reduction order.
+
+    Raises:
+        DistValueError, DistTypeError: as ``compute_bucket_assignment_by_size``.
+    """
+    order = list(reversed(range(len(tensors))))
+    buckets, _ = compute_bucket_assignment_by_size(
+        [tensors[i] for i in order],
+        bucket_size_limits(bucket_cap_mb, first_bucket_bytes),
+        tensor_indices=order,
+    )
+    return [list(b) for b in buckets]
 
 
 def _describe(tensor: TensorLike, position: int) -> tuple[int, _BucketKey]:

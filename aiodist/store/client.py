@@ -42,7 +42,14 @@ from aiodist.store.server import (
     StoreServer,
 )
 from aiodist.wire.frames import FrameReader, ProtocolError, encode_frame
-from aiodist.wire.handshake import AuthError, make_hello, parse_challenge, secret_from_env, verify_welcome
+from aiodist.wire.handshake import (
+    AuthError,
+    handshake_timeout_from_env,
+    make_hello,
+    parse_challenge,
+    secret_from_env,
+    verify_welcome,
+)
 
 __all__ = ["TCPStore"]
 
@@ -96,7 +103,8 @@ class TCPStore(Store):
         sock: with ``is_master``, an already bound listening socket for the server.
         secret: shared secret for the handshake; ``None`` reads ``AIODIST_SECRET``, ``b""``
             disables authentication.
-        handshake_timeout: seconds the server gives a connection to authenticate.
+        handshake_timeout: seconds the server gives a connection to authenticate (None:
+            ``AIODIST_HANDSHAKE_TIMEOUT``, else 10).
 
     Raises:
         DistTypeError, DistValueError: an argument has the wrong type or value.
@@ -112,7 +120,7 @@ class TCPStore(Store):
         *,
         sock: socket.socket | None = None,
         secret: bytes | None = None,
-        handshake_timeout: float = 10.0,
+        handshake_timeout: float | None = None,
     ) -> None:
         if not isinstance(host, str):
             raise DistTypeError(f"host must be a str, not {type(host).__name__}")
@@ -133,7 +141,9 @@ class TCPStore(Store):
         self._timeout = as_seconds(timeout)
         self._sock = sock
         self._secret = secret_from_env() if secret is None else secret
-        self._handshake_timeout = handshake_timeout
+        self._handshake_timeout = (
+            handshake_timeout_from_env() if handshake_timeout is None else handshake_timeout
+        )
         self._server: StoreServer | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None

@@ -19,6 +19,7 @@ names the remote address; unauthenticated connections are capped.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import math
 import socket
@@ -32,7 +33,14 @@ from aiodist.errors import DistStoreError, DistValueError
 from aiodist.store.base import INT64_MAX, INT64_MIN
 from aiodist.store.memory import KeyTable
 from aiodist.wire.frames import FrameReader, Limits, ProtocolError, encode_frame
-from aiodist.wire.handshake import AuthError, accept_hello, make_challenge, make_welcome, secret_from_env
+from aiodist.wire.handshake import (
+    AuthError,
+    accept_hello,
+    handshake_timeout_from_env,
+    make_challenge,
+    make_welcome,
+    secret_from_env,
+)
 
 __all__ = [
     "CLIENT_LIMITS",
@@ -211,6 +219,16 @@ class _Conn:
             self.writer.close()
 
 
+_warned_insecure = False  # the no-secret warning is given once per process
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def _bind_host(host: str) -> str:
     # "localhost" may resolve to ::1 and 127.0.0.1; bind the one clients reach first everywhere.
     return "127.0.0.1" if host == "localhost" else host
@@ -225,7 +243,8 @@ class StoreServer:
         sock: an already bound listening socket to serve on instead of ``host``/``port``.
         secret: shared secret for the HMAC handshake; ``None`` reads ``AIODIST_SECRET``,
             ``b""`` disables authentication.
-        handshake_timeout: seconds a new connection has to authenticate before it is dropped.
+        handshake_timeout: seconds a new connection has to authenticate before it is dropped
+            (None: ``AIODIST_HANDSHAKE_TIMEOUT``, else 10).
         max_unauthenticated: connections allowed to be mid-handshake at once; more are dropped.
         limits: frame limits for authenticated connections.
     """
@@ -237,7 +256,7 @@ class StoreServer:
         *,
         sock: socket.socket | None = None,
         secret: bytes | None = None,
-        handshake_timeout: float = 10.0,
+        handshake_timeout: float | None = None,
         max_unauthenticated: int = 256,
         limits: Limits = SERVER_LIMITS,
     ) -> None:
@@ -245,7 +264,9 @@ class StoreServer:
         self._port = port
         self._sock = sock
         self._secret = secret_from_env() if secret is None else secret
-        self._handshake_timeout = handshake_timeout
+        self._handshake_timeout = (
+            handshake_timeout_from_env() if handshake_timeout is None else handshake_timeout
+        )
         self._max_unauthenticated = max_unauthenticated
         self._limits = limits
         self._table = KeyTable()
@@ -304,6 +325,19 @@ class StoreServer:
         if self._server.sockets:
             self._bound_port = int(self._server.sockets[0].getsockname()[1])
         log.debug("store server listening on %s:%d", self._host, self.port)
+        global _warned_insecure
+        if (
+            not self._secret
+            and not _warned_insecure
+            and not all(_is_loopback(s.getsockname()[0]) for s in self._server.sockets)
+        ):
+            _warned_insecure = True
+            log.warning(
+                "store server on %s:%d has no AIODIST_SECRET: anyone who reaches it can read and write "
+                "the job's keys",
+                self._host,
+                self.port,
+            )
 
     async def aclose(self) -> None:
         """Stop accepting, close every connection (their clients see the store go away), and wait."""

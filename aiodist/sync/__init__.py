@@ -4,6 +4,7 @@ Every call has torch.distributed's signature; operations block unless ``async_op
 which returns a ``Work``. The runtime runs on a background uvloop thread.
 """
 
+from aiodist._monitored import sync_monitored_barrier as monitored_barrier
 from aiodist.errors import CollectiveMismatchError as CollectiveMismatchError
 from aiodist.errors import DistError as DistError
 from aiodist.errors import DistNetworkError as DistNetworkError
@@ -12,31 +13,92 @@ from aiodist.errors import DistTimeoutError as DistTimeoutError
 from aiodist.group import ProcessGroup as ProcessGroup
 from aiodist.ops import ReduceOp as ReduceOp
 from aiodist.ops import reduce_op as reduce_op
+from aiodist.store.blocking import BlockingStore as Store
 from aiodist.store.blocking import FileStore as FileStore
 from aiodist.store.blocking import HashStore as HashStore
 from aiodist.store.blocking import PrefixStore as PrefixStore
 from aiodist.store.blocking import TCPStore as TCPStore
+from aiodist.sync._collectives import _all_gather_base as _all_gather_base
+from aiodist.sync._collectives import _reduce_scatter_base as _reduce_scatter_base
+from aiodist.sync._collectives import all_gather as all_gather
+from aiodist.sync._collectives import all_gather_into_tensor as all_gather_into_tensor
+from aiodist.sync._collectives import all_gather_object as all_gather_object
+from aiodist.sync._collectives import all_gather_single as all_gather_single
+from aiodist.sync._collectives import all_reduce as all_reduce
+from aiodist.sync._collectives import all_to_all as all_to_all
+from aiodist.sync._collectives import all_to_all_single as all_to_all_single
+from aiodist.sync._collectives import broadcast as broadcast
+from aiodist.sync._collectives import broadcast_object_list as broadcast_object_list
+from aiodist.sync._collectives import gather as gather
+from aiodist.sync._collectives import gather_object as gather_object
+from aiodist.sync._collectives import recv_object_list as recv_object_list
+from aiodist.sync._collectives import reduce as reduce
+from aiodist.sync._collectives import reduce_scatter as reduce_scatter
+from aiodist.sync._collectives import reduce_scatter_single as reduce_scatter_single
+from aiodist.sync._collectives import reduce_scatter_tensor as reduce_scatter_tensor
+from aiodist.sync._collectives import scatter as scatter
+from aiodist.sync._collectives import scatter_object_list as scatter_object_list
+from aiodist.sync._collectives import send_object_list as send_object_list
+from aiodist.sync._core import Backend as Backend
+from aiodist.sync._core import DistBackendError as DistBackendError
 from aiodist.sync._core import GroupMember as GroupMember
 from aiodist.sync._core import P2POp as P2POp
 from aiodist.sync._core import barrier as barrier
 from aiodist.sync._core import batch_isend_irecv as batch_isend_irecv
+from aiodist.sync._core import default_pg_timeout as default_pg_timeout
 from aiodist.sync._core import destroy_process_group as destroy_process_group
 from aiodist.sync._core import get_backend as get_backend
+from aiodist.sync._core import get_default_backend_for_device as get_default_backend_for_device
+from aiodist.sync._core import get_global_rank as get_global_rank
+from aiodist.sync._core import get_group_rank as get_group_rank
+from aiodist.sync._core import get_node_local_rank as get_node_local_rank
+from aiodist.sync._core import get_pg_count as get_pg_count
+from aiodist.sync._core import get_process_group_ranks as get_process_group_ranks
 from aiodist.sync._core import get_rank as get_rank
 from aiodist.sync._core import get_world_size as get_world_size
 from aiodist.sync._core import group as group
 from aiodist.sync._core import init_process_group as init_process_group
 from aiodist.sync._core import irecv as irecv
 from aiodist.sync._core import is_available as is_available
+from aiodist.sync._core import is_backend_available as is_backend_available
+from aiodist.sync._core import is_gloo_available as is_gloo_available
 from aiodist.sync._core import is_initialized as is_initialized
+from aiodist.sync._core import is_mpi_available as is_mpi_available
+from aiodist.sync._core import is_nccl_available as is_nccl_available
+from aiodist.sync._core import is_torchelastic_launched as is_torchelastic_launched
+from aiodist.sync._core import is_ucc_available as is_ucc_available
+from aiodist.sync._core import is_xccl_available as is_xccl_available
 from aiodist.sync._core import isend as isend
 from aiodist.sync._core import new_group as new_group
+from aiodist.sync._core import new_subgroups as new_subgroups
+from aiodist.sync._core import new_subgroups_by_enumeration as new_subgroups_by_enumeration
 from aiodist.sync._core import recv as recv
 from aiodist.sync._core import send as send
+from aiodist.sync._core import supports_complex as supports_complex
 from aiodist.work import Work as Work
 
 __all__ = [
     "CollectiveMismatchError",
+    "Backend",
+    "DistBackendError",
+    "default_pg_timeout",
+    "get_default_backend_for_device",
+    "get_global_rank",
+    "get_group_rank",
+    "get_node_local_rank",
+    "get_pg_count",
+    "get_process_group_ranks",
+    "is_backend_available",
+    "is_gloo_available",
+    "is_mpi_available",
+    "is_nccl_available",
+    "is_torchelastic_launched",
+    "is_ucc_available",
+    "is_xccl_available",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "supports_complex",
+    "Store",
     "DistError",
     "DistNetworkError",
     "DistStoreError",
@@ -51,6 +113,7 @@ __all__ = [
     "TCPStore",
     "Work",
     "barrier",
+    "monitored_barrier",
     "batch_isend_irecv",
     "destroy_process_group",
     "get_backend",
@@ -66,4 +129,23 @@ __all__ = [
     "recv",
     "reduce_op",
     "send",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_gather_single",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "recv_object_list",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+    "send_object_list",
 ]

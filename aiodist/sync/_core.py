@@ -1,53 +1,245 @@
-"""torch.distributed-compatible lifecycle and point-to-point calls, blocking."""
+"""torch.distributed-compatible lifecycle, group queries and point-to-point calls, blocking.
+
+Signatures, defaults and return values are torch.distributed's (2.x), including its
+compatibility quirks: ``new_group`` returns ``GroupMember.NON_GROUP_MEMBER`` to ranks outside
+the group, and any operation called with it is skipped with a warning (``recv`` then returns
+-1), as torch does. Ranks are global ranks; ``group_dst``/``group_src``/``group_peer`` take
+ranks within ``group``.
+"""
 
 from __future__ import annotations
 
 import datetime
+import os
+import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
+
+import numpy as np
 
 import aiodist._p2p as _p2p
 import aiodist._world as _world
-from aiodist.errors import DistTypeError
+from aiodist.errors import DistError, DistTypeError, DistValueError
 from aiodist.group import ProcessGroup
-from aiodist.sync._bridge import call, run
+from aiodist.ops import check_reduce
+from aiodist.sync._bridge import call, on_loop, run
 from aiodist.work import Work
 
 __all__ = [
+    "Backend",
+    "DistBackendError",
     "GroupMember",
     "P2POp",
     "barrier",
     "batch_isend_irecv",
+    "default_pg_timeout",
     "destroy_process_group",
     "get_backend",
+    "get_default_backend_for_device",
+    "get_global_rank",
+    "get_group_rank",
+    "get_node_local_rank",
+    "get_pg_count",
+    "get_process_group_ranks",
     "get_rank",
     "get_world_size",
     "group",
     "init_process_group",
     "irecv",
     "is_available",
+    "is_backend_available",
+    "is_gloo_available",
     "is_initialized",
+    "is_mpi_available",
+    "is_nccl_available",
+    "is_torchelastic_launched",
+    "is_ucc_available",
+    "is_xccl_available",
     "isend",
     "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "not_in_group",
     "recv",
     "send",
+    "supports_complex",
 ]
 
-P2POp = _p2p.P2POp
+#: torch's default timeout of a process group (gloo): 30 minutes.
+default_pg_timeout = datetime.timedelta(minutes=30)
+
+#: torch's name for an error raised by the communication backend.
+DistBackendError = DistError
+
+
+class Backend(str):
+    """torch's enum-like backend names: lower-case strings, ``Backend("GLOO") == "gloo"``.
+
+    aiodist runs every backend name it accepts ("gloo", "tcp") on its own TCP transport;
+    ``get_backend`` reports the name the job was initialised with.
+    """
+
+    UNDEFINED: ClassVar[str] = "undefined"
+    GLOO: ClassVar[str] = "gloo"
+    NCCL: ClassVar[str] = "nccl"
+    UCC: ClassVar[str] = "ucc"
+    MPI: ClassVar[str] = "mpi"
+    XCCL: ClassVar[str] = "xccl"
+    TCP: ClassVar[str] = "tcp"
+    backend_list: ClassVar[list[str]] = [UNDEFINED, GLOO, NCCL, XCCL, UCC, MPI, TCP]
+    default_device_backend_map: ClassVar[dict[str, str]] = {"cpu": GLOO, "cuda": NCCL}
+
+    def __new__(cls, name: str) -> Backend:
+        if not isinstance(name, str):
+            raise DistValueError("Backend constructor parameter must be string-ish")
+        value = getattr(Backend, name.upper(), None)
+        return str.__new__(cls, value if isinstance(value, str) else name.lower())
 
 
 class GroupMember:
-    """torch's ``GroupMember``: ``WORLD`` stands for the default group; ``NON_GROUP_MEMBER`` for none."""
+    """torch's ``GroupMember``: ``WORLD`` is the default group; ``NON_GROUP_MEMBER`` is what
+    ``new_group`` returns to a rank outside the new group."""
 
-    WORLD: Any = _world.WORLD
-    NON_GROUP_MEMBER: Any = object()
+    WORLD: ClassVar[Any] = _world.WORLD
+    NON_GROUP_MEMBER: ClassVar[int] = -100
 
 
 group = GroupMember  # torch.distributed.group.WORLD
 
 
-def is_available() -> bool:
+class _NonMember(int):
+    """What ``new_group`` returns to a rank outside the new group.
+
+    Equal to ``GroupMember.NON_GROUP_MEMBER`` (-100), as torch's; it also remembers the
+    group's ranks, so that ``get_process_group_ranks`` and the rank translations work on it.
+    """
+
+    ranks: tuple[int, ...]
+
+    def __new__(cls, ranks: Sequence[int]) -> _NonMember:
+        obj = int.__new__(cls, GroupMember.NON_GROUP_MEMBER)
+        obj.ranks = tuple(ranks)
+        return obj
+
+    def __repr__(self) -> str:
+        return f"GroupMember.NON_GROUP_MEMBER(ranks={list(self.ranks)})"
+
+
+# The name the job was initialised with ("gloo", "tcp"), for get_backend: the one piece of
+# state of this face besides the runtime's default group (both die with destroy_process_group).
+_backend_name: str | None = None
+
+
+def not_in_group(group: Any, what: str) -> bool:
+    """True (after torch's warning) when ``group`` is ``GroupMember.NON_GROUP_MEMBER``.
+
+    torch skips an operation called with a group this rank is not a member of; every function
+    of this face that takes a group starts with ``if not_in_group(group, "name"): return``.
+    """
+    if group is None or not isinstance(group, int) or group != GroupMember.NON_GROUP_MEMBER:
+        return False
+    rank = _world.get_rank() if _world.is_initialized() else -1
+    warnings.warn(
+        f"Running {what} on global rank {rank} which does not belong to the given group.",
+        stacklevel=3,
+    )
     return True
+
+
+def _seconds(timeout: datetime.timedelta | float | None) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
+
+
+# -- availability ---------------------------------------------------------------------------
+
+
+def is_available() -> bool:
+    """True: aiodist's distributed runtime is always available."""
+    return True
+
+
+def is_gloo_available() -> bool:
+    """True: "gloo" runs on aiodist's TCP transport."""
+    return True
+
+
+def is_nccl_available() -> bool:
+    return False
+
+
+def is_mpi_available() -> bool:
+    return False
+
+
+def is_ucc_available() -> bool:
+    return False
+
+
+def is_xccl_available() -> bool:
+    return False
+
+
+def is_backend_available(backend: str) -> bool:
+    """True for the backend names this build runs ("gloo", "tcp")."""
+    return Backend(backend) in (Backend.GLOO, Backend.TCP)
+
+
+def get_default_backend_for_device(device: Any) -> str:
+    """ "gloo" for the CPU, "nccl" for CUDA, as torch."""
+    kind = device if isinstance(device, str) else getattr(device, "type", str(device))
+    kind = kind.split(":")[0]
+    try:
+        return Backend.default_device_backend_map[kind]
+    except KeyError:
+        raise DistValueError(f"Default backend not registered for device : {device}") from None
+
+
+def is_torchelastic_launched() -> bool:
+    """True under ``aiodist-run`` (and torchrun): ``TORCHELASTIC_RUN_ID`` is set, as torch checks."""
+    return os.getenv("TORCHELASTIC_RUN_ID") is not None
+
+
+def get_node_local_rank(fallback_rank: int | None = None) -> int:
+    """``LOCAL_RANK`` from the launcher's environment, else ``fallback_rank``.
+
+    Raises:
+        RuntimeError: neither is available.
+    """
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"])
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError(
+        "LOCAL_RANK is not in the environment. Consider passing fallback_rank to allow `get_node_local_rank` "
+        "to work, assuming you are not running in a multi-device context and want the code to run locally instead."
+    )
+
+
+def supports_complex(reduceOp: Any) -> bool:
+    """True if ``reduceOp`` may reduce complex tensors (not MIN/MAX, nor the bitwise ops)."""
+    try:
+        check_reduce(reduceOp, np.complex64)
+    except DistTypeError:
+        return False
+    return True
+
+
+# -- lifecycle ------------------------------------------------------------------------------
+
+
+def _backend_for_cpu(backend: str | None) -> str:
+    """torch's backend strings: "gloo", "GLOO", "cpu:gloo,cuda:nccl" -> the CPU entry."""
+    if backend is None:
+        return Backend.GLOO
+    text = str(backend).strip()
+    if ":" in text:
+        entries = dict(part.split(":", 1) for part in text.split(",") if ":" in part)
+        text = entries.get("cpu", next(iter(entries.values())))
+    return str(Backend(text))
 
 
 def _unwrap_store(store: Any) -> Any:
@@ -57,7 +249,7 @@ def _unwrap_store(store: Any) -> Any:
 def init_process_group(
     backend: str | None = None,
     init_method: str | None = None,
-    timeout: datetime.timedelta | float | None = None,
+    timeout: datetime.timedelta | None = None,
     world_size: int = -1,
     rank: int = -1,
     store: Any = None,
@@ -65,35 +257,128 @@ def init_process_group(
     pg_options: Any = None,
     device_id: Any = None,
 ) -> None:
-    """Blocking ``aiodist.init_process_group`` with torch's signature and defaults."""
+    """Join the job (blocking ``aiodist.init_process_group``) with torch's signature and defaults.
+
+    Args:
+        backend: "gloo" (default; runs on aiodist's TCP transport), "tcp", or torch's
+            "cpu:gloo,cuda:nccl" form (its CPU entry is used).
+        init_method: None / "env://", "tcp://host:port", "file:///path".
+        timeout: ``timedelta`` (or seconds); default 30 minutes. Bounds the rendezvous and
+            every later operation of the default group.
+        world_size, rank: -1 takes them from the environment.
+        store: a store (``aiodist.sync.TCPStore`` etc.) to rendezvous through.
+        group_name: keeps jobs sharing an address or file apart.
+        pg_options, device_id: accepted for compatibility.
+    Raises:
+        DistTimeoutError: the rendezvous did not complete in time (names the missing ranks).
+        DistValueError: bad arguments, or the default group already exists.
+    """
+    global _backend_name
+    name = _backend_for_cpu(backend)
     run(
         _world.init_process_group(
-            backend or "tcp",
+            name,
             init_method,
             rank=rank,
             world_size=world_size,
-            timeout=1800.0 if timeout is None else timeout,
+            timeout=default_pg_timeout if timeout is None else timeout,
             store=_unwrap_store(store),
             group_name=group_name or "default",
             device_id=device_id,
         )
     )
+    _backend_name = name
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
+    """Destroy ``group``, or with None every group and connection (the process may init again)."""
+    global _backend_name
+    if not_in_group(group, "destroy_process_group"):
+        return
+    if group is None or group is GroupMember.WORLD:
+        _backend_name = None
+        group = None
     run(_world.destroy_process_group(group))
 
 
 def new_group(
     ranks: Sequence[int] | None = None,
-    timeout: datetime.timedelta | float | None = None,
+    timeout: datetime.timedelta | None = None,
     backend: str | None = None,
     pg_options: Any = None,
     use_local_synchronization: bool = False,
     group_desc: str | None = None,
-) -> ProcessGroup:
-    """Blocking ``aiodist.new_group``: every rank of the job calls it, in the same order."""
-    return run(_world.new_group(ranks, timeout, backend))  # type: ignore[no-any-return]
+    device_id: Any = None,
+    sort_ranks: bool = True,
+) -> Any:
+    """Create a group of the global ``ranks`` (None: all). Every rank of the job calls it, in order.
+
+    Returns:
+        The group; ``GroupMember.NON_GROUP_MEMBER`` on a rank outside it, as torch (operations
+        called with it are skipped).
+    """
+    if backend is not None and not is_backend_available(backend):
+        raise DistValueError(f"new_group: backend {backend!r} is not available (use 'gloo')")
+    pg = run(_world.new_group(ranks, _seconds(timeout)))
+    return pg if pg.rank >= 0 else _NonMember(pg.ranks)
+
+
+def new_subgroups(
+    group_size: int | None = None,
+    group: Any = None,
+    timeout: datetime.timedelta | None = None,
+    backend: str | None = None,
+    pg_options: Any = None,
+    group_desc: str | None = None,
+) -> tuple[Any, list[Any]]:
+    """Split ``group`` (default: the world) into groups of ``group_size`` consecutive ranks.
+
+    ``group_size`` defaults to ``LOCAL_WORLD_SIZE`` (one group per node), where torch uses the
+    number of CUDA devices. Returns ``(this rank's subgroup, every subgroup)``.
+    """
+    if group_size is None:
+        local = os.environ.get("LOCAL_WORLD_SIZE")
+        if local is None:
+            raise DistValueError("new_subgroups: pass group_size (LOCAL_WORLD_SIZE is not set)")
+        group_size = int(local)
+    members = get_process_group_ranks(group)
+    if group_size <= 0:
+        raise DistValueError(f"The arg 'group_size' ({group_size}) must be positive")
+    if group_size > len(members):
+        raise DistValueError(
+            f"The arg 'group_size' ({group_size}) must not exceed the world size ({len(members)})"
+        )
+    if len(members) % group_size != 0:
+        raise DistValueError("The world size must be divisible by 'group_size'")
+    chunks = [members[i : i + group_size] for i in range(0, len(members), group_size)]
+    return new_subgroups_by_enumeration(chunks, timeout, backend, pg_options, group_desc)
+
+
+def new_subgroups_by_enumeration(
+    ranks_per_subgroup_list: Sequence[Sequence[int]],
+    timeout: datetime.timedelta | None = None,
+    backend: str | None = None,
+    pg_options: Any = None,
+    group_desc: str | None = None,
+) -> tuple[Any, list[Any]]:
+    """Create one group per list of global ranks. Returns ``(this rank's subgroup or None, all)``."""
+    if not ranks_per_subgroup_list:
+        raise DistValueError("The arg 'ranks_per_subgroup_list' cannot be empty")
+    seen: set[int] = set()
+    for ranks in ranks_per_subgroup_list:
+        for r in ranks:
+            if r in seen:
+                raise DistValueError(f"Rank {r} has appeared in both subgroup {ranks} and an earlier one")
+            seen.add(r)
+    me = get_rank()
+    cur: Any = None
+    subgroups: list[Any] = []
+    for ranks in ranks_per_subgroup_list:
+        sub = new_group(ranks, timeout, backend, pg_options, group_desc=group_desc)
+        subgroups.append(sub)
+        if me in ranks:
+            cur = sub
+    return cur, subgroups
 
 
 def is_initialized() -> bool:
@@ -101,70 +386,168 @@ def is_initialized() -> bool:
 
 
 def get_rank(group: Any = None) -> int:
+    """This process's rank in ``group`` (default: the world); -1 if it is not a member."""
+    if isinstance(group, int) and group == GroupMember.NON_GROUP_MEMBER:
+        return -1
     return _world.get_rank(group)
 
 
 def get_world_size(group: Any = None) -> int:
-    return _world.get_world_size(group)
+    """The size of ``group`` (default: the world); -1 if this process is not a member."""
+    if isinstance(group, int) and group == GroupMember.NON_GROUP_MEMBER:
+        return -1
+    pg = _world.resolve_group(group)
+    return pg.size if pg.rank >= 0 else -1
 
 
-def get_backend(group: Any = None) -> str:
-    return _world.get_backend(group)
+def get_backend(group: Any = None) -> Backend:
+    """The backend name the job was initialised with ("gloo" unless "tcp" was asked for)."""
+    if isinstance(group, int) and group == GroupMember.NON_GROUP_MEMBER:
+        raise DistValueError("Invalid process group specified")
+    pg = _world.resolve_group(group)
+    return Backend(_backend_name or pg.backend)
 
 
-def send(
-    tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None
-) -> None:
-    """Send ``tensor`` to global rank ``dst``; returns once ``tensor`` may be reused."""
-    dst = _peer(dst, group_dst, group, "dst")
-    call(lambda: _p2p.send(tensor, dst, group, tag), False)
+def _ranks_of(group: Any, what: str) -> tuple[int, ...]:
+    """The global ranks of a group, of None (the world), or of a ``new_group`` non-member handle."""
+    if isinstance(group, _NonMember):
+        return group.ranks
+    if isinstance(group, int) and group == GroupMember.NON_GROUP_MEMBER:
+        raise DistValueError(f"{what}: this rank is not a member of the group (GroupMember.NON_GROUP_MEMBER)")
+    return _world.resolve_group(group).ranks
 
 
-def recv(
-    tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None
-) -> int:
-    """Receive into ``tensor`` from global rank ``src`` (None: any); returns the sender's rank."""
-    if group_src is not None:
-        src = _peer(src, group_src, group, "src")
-    return int(call(lambda: _p2p.recv(tensor, src, group, tag), False))
+def get_process_group_ranks(group: Any) -> list[int]:
+    """The global ranks of ``group`` (None: the world), in group-rank order."""
+    return list(_ranks_of(group, "get_process_group_ranks"))
 
 
-def isend(
-    tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None
-) -> Work:
-    dst = _peer(dst, group_dst, group, "dst")
-    return call(lambda: _p2p.isend(tensor, dst, group, tag), True)  # type: ignore[no-any-return]
+def get_global_rank(group: Any, group_rank: int) -> int:
+    """The global rank of ``group_rank`` in ``group`` (``group.WORLD``: the same number).
+
+    Raises:
+        ValueError: ``group`` is None or not a group, or ``group_rank`` is not in it (as torch).
+    """
+    if group is GroupMember.WORLD:
+        return group_rank
+    if group is None:
+        raise DistValueError("Group None is not registered, please create group with new_group")
+    ranks = _ranks_of(group, "get_global_rank")
+    if not isinstance(group_rank, int) or not 0 <= group_rank < len(ranks):
+        raise DistValueError(f"Group rank {group_rank} is not part of group {group!r}")
+    return ranks[group_rank]
 
 
-def irecv(
-    tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None
-) -> Work:
-    if group_src is not None:
-        src = _peer(src, group_src, group, "src")
-    return call(lambda: _p2p.irecv(tensor, src, group, tag), True)  # type: ignore[no-any-return]
+def get_group_rank(group: Any, global_rank: int) -> int:
+    """The rank within ``group`` of global rank ``global_rank`` (``group.WORLD``: the same number).
+
+    Raises:
+        ValueError: ``group`` is None or not a group, or ``global_rank`` is not a member (as torch).
+    """
+    if group is GroupMember.WORLD:
+        return global_rank
+    if group is None:
+        raise DistValueError("Group None is not registered, please create group with new_group")
+    ranks = _ranks_of(group, "get_group_rank")
+    try:
+        return ranks.index(global_rank)
+    except ValueError:
+        raise DistValueError(f"Global rank {global_rank} is not part of group {group!r}") from None
 
 
-def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
-    """Start every operation at once; returns the Works (call ``wait()`` on each)."""
-    return run(_batch(p2p_op_list))  # type: ignore[no-any-return]
+def get_pg_count() -> int:
+    """How many process groups this process has (the default group included)."""
+    return len(_world.world().groups) if _world.is_initialized() else 0
 
 
-async def _batch(ops: list[P2POp]) -> list[Work]:
-    return _p2p.batch_isend_irecv(ops)
-
-
-def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -> Work | None:
-    """Wait until every member of ``group`` has entered the barrier."""
-    return call(lambda: _p2p.barrier(group), async_op)  # type: ignore[no-any-return]
+# -- point-to-point -----------------------------------------------------------------------
 
 
 def _peer(rank: int | None, group_rank: int | None, group: Any, arg: str) -> int:
     """Accept torch's ``group_dst``/``group_src`` (a rank within ``group``) as well as global ranks."""
     if group_rank is not None:
         if rank is not None:
-            raise DistTypeError(f"pass either {arg} or group_{arg}, not both")
-        g = _world.resolve_group(group)
-        return g.ranks[group_rank]
+            raise DistValueError(f"Can only specify one of {arg} or group_{arg}")
+        pg = _world.resolve_group(group)
+        if not isinstance(group_rank, int) or not 0 <= group_rank < pg.size:
+            raise DistValueError(f"group_{arg}={group_rank} is not a rank of {pg.name} (size {pg.size})")
+        return pg.ranks[group_rank]
     if rank is None:
-        raise DistTypeError(f"{arg} is required")
+        raise DistValueError(f"Must specify either {arg} or group_{arg}")
     return rank
+
+
+def send(
+    tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None
+) -> None:
+    """Send ``tensor`` to global rank ``dst`` (or ``group_dst`` of ``group``).
+
+    Returns once ``tensor`` may be modified again.
+    """
+    if not_in_group(group, "send"):
+        return
+    peer = _peer(dst, group_dst, group, "dst")
+    call(lambda: _p2p.send(tensor, peer, group, tag), False)
+
+
+def recv(
+    tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None
+) -> int:
+    """Receive into ``tensor`` from global rank ``src`` (None: any member of ``group``).
+
+    Returns:
+        The sender's global rank (-1 when skipped on a non-member, as torch).
+    """
+    if not_in_group(group, "recv"):
+        return -1
+    peer = None if src is None and group_src is None else _peer(src, group_src, group, "src")
+    return int(call(lambda: _p2p.recv(tensor, peer, group, tag), False))
+
+
+def isend(
+    tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None
+) -> Work | None:
+    """Start sending ``tensor``; returns the ``Work`` (``wait()`` before modifying ``tensor``)."""
+    if not_in_group(group, "isend"):
+        return None
+    peer = _peer(dst, group_dst, group, "dst")
+    return call(lambda: _p2p.isend(tensor, peer, group, tag), True)  # type: ignore[no-any-return]
+
+
+def irecv(
+    tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None
+) -> Work | None:
+    """Start receiving into ``tensor``; the Work's ``source_rank()`` is the sender once done."""
+    if not_in_group(group, "irecv"):
+        return None
+    peer = None if src is None and group_src is None else _peer(src, group_src, group, "src")
+    return call(lambda: _p2p.irecv(tensor, peer, group, tag), True)  # type: ignore[no-any-return]
+
+
+#: torch's ``P2POp(op, tensor, peer=None, group=None, tag=0, group_peer=None)``.
+P2POp = _p2p.P2POp
+
+
+def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
+    """Start every operation of the list at once; returns their Works (``wait()`` on each)."""
+    ops = list(p2p_op_list)
+    if any(not_in_group(p.group, "batch_isend_irecv") for p in ops):
+        return []
+    return on_loop(lambda: _p2p.batch_isend_irecv(ops))
+
+
+def barrier(
+    group: Any = None,
+    async_op: bool = False,
+    device_ids: Any = None,
+    timeout: datetime.timedelta | None = None,
+) -> Work | None:
+    """Block until every member of ``group`` has entered the barrier (``async_op``: the Work).
+
+    Args:
+        timeout: this barrier's own timeout (``timedelta`` or seconds) instead of the group's.
+    """
+    if not_in_group(group, "barrier"):
+        return None
+    seconds = _seconds(timeout)
+    return call(lambda: _p2p.barrier(group, timeout=seconds), async_op)  # type: ignore[no-any-return]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -47,8 +48,18 @@ Key = tuple[int, int, int]
 # (op name, sequence number, dtype, count, root, reduce op) for collectives; (op, dtype, count) for p2p.
 Fingerprint = list[Any]
 
-# A discarded payload is still read off the wire, into this many bytes at a time at most.
+# Bytes of messages held because they arrived before their receive was posted (per
+# transport). ``AIODIST_UNEXPECTED_CAP`` overrides it.
 _DEFAULT_UNEXPECTED_CAP = 1 << 30
+
+
+def unexpected_cap_from_env() -> int:
+    """``AIODIST_UNEXPECTED_CAP`` (bytes) or 1 GiB."""
+    try:
+        value = int(os.environ.get("AIODIST_UNEXPECTED_CAP", _DEFAULT_UNEXPECTED_CAP))
+    except ValueError:
+        return _DEFAULT_UNEXPECTED_CAP
+    return value if value > 0 else _DEFAULT_UNEXPECTED_CAP
 
 
 def describe_fingerprint(fp: Fingerprint | None) -> str:
@@ -102,6 +113,30 @@ class _Held:
 
 DISCARD = object()  # sentinel from match(): read the payload and drop it
 
+# Why a member abandoned an operation (abort notices): the error its peers raise.
+ABORT_KINDS: dict[str, type[DistError]] = {
+    "network": DistNetworkError,
+    "mismatch": CollectiveMismatchError,
+    "error": DistError,
+}
+
+
+def abort_kind(exc: BaseException) -> str:
+    """The abort-notice kind for the error that made this rank abandon an operation."""
+    if isinstance(exc, DistNetworkError):
+        return "network"
+    if isinstance(exc, CollectiveMismatchError):
+        return "mismatch"
+    return "error"
+
+
+def _fail_future(fut: asyncio.Future[int], exc: BaseException) -> None:
+    """Fail a receive's future. A failure often reaches receives that their operation no
+    longer awaits (it failed on another step first): mark it retrieved, so that asyncio
+    does not log it as lost; whoever awaits it still gets the exception."""
+    fut.set_exception(exc)
+    fut.exception()
+
 
 class Mailbox:
     """Matches arriving messages to posted receives. Pure bookkeeping, no I/O.
@@ -113,16 +148,18 @@ class Mailbox:
         self,
         rank: int,
         loop: asyncio.AbstractEventLoop,
-        unexpected_cap: int = _DEFAULT_UNEXPECTED_CAP,
+        unexpected_cap: int | None = None,
         on_mismatch: Callable[[int, Key, Fingerprint | None, Fingerprint | None], None] | None = None,
     ) -> None:
         self.rank = rank
         self.loop = loop
-        self.unexpected_cap = unexpected_cap
+        self.unexpected_cap = unexpected_cap_from_env() if unexpected_cap is None else unexpected_cap
         self.unexpected_bytes = 0
         self.on_mismatch = on_mismatch
-        # Called when held messages drop below half the cap (a paused reader may resume).
+        # Called when held messages were consumed or dropped, and when a receive is queued
+        # (a transport that stopped reading at a message it had no room for looks again).
         self.on_drain: Callable[[], None] | None = None
+        self.on_post: Callable[[], None] | None = None
         self._posted: dict[tuple[int, Key], deque[PendingRecv]] = {}
         self._posted_any: dict[Key, deque[PendingRecv]] = {}
         self._held: dict[tuple[int, Key], deque[_Held]] = {}
@@ -138,7 +175,7 @@ class Mailbox:
         """Post a receive into ``buf`` (a flat byte view). The future resolves to the source rank."""
         fut: asyncio.Future[int] = self.loop.create_future()
         if key in self._failed_keys:
-            fut.set_exception(self._failed_keys[key])
+            _fail_future(fut, self._failed_keys[key])
             return fut
         held_src = self._find_held(src, key)
         if held_src is not None:
@@ -146,18 +183,20 @@ class Mailbox:
             if not self._held[(held_src, key)]:
                 del self._held[(held_src, key)]
             self.unexpected_bytes -= held.payload.nbytes
-            if self.on_drain is not None and self.unexpected_bytes <= self.unexpected_cap // 2:
+            if self.on_drain is not None:
                 self.on_drain()
             self._deliver_held(held_src, key, held, buf, fp, fut)
             return fut
         if src is not None and src in self._dead:
-            fut.set_exception(self._dead[src])
+            _fail_future(fut, self._dead[src])
             return fut
         recv = PendingRecv(src, key, buf, fp, next(self._order), fut)
         if src is None:
             self._posted_any.setdefault(key, deque()).append(recv)
         else:
             self._posted.setdefault((src, key), deque()).append(recv)
+        if self.on_post is not None:
+            self.on_post()
         return fut
 
     def cancel(self, fut: asyncio.Future[int]) -> None:
@@ -191,7 +230,7 @@ class Mailbox:
     ) -> None:
         err = self._check(src, key, held.fp, fp, held.payload.nbytes, buf.nbytes)
         if err is not None:
-            fut.set_exception(err)
+            _fail_future(fut, err)
             return
         buf[:] = held.payload
         fut.set_result(src)
@@ -220,7 +259,7 @@ class Mailbox:
         err = self._check(src, key, fp, recv.fp, nbytes, recv.buf.nbytes)
         if err is not None:
             if not recv.future.done():
-                recv.future.set_exception(err)
+                _fail_future(recv.future, err)
             return DISCARD
         return recv
 
@@ -228,7 +267,9 @@ class Mailbox:
         if not recv.future.done():
             recv.future.set_result(src)
 
-    def deliver(self, src: int, key: Key, fp: Fingerprint | None, payload: memoryview, *, owned: bool) -> None:
+    def deliver(
+        self, src: int, key: Key, fp: Fingerprint | None, payload: memoryview, *, owned: bool
+    ) -> None:
         """A whole message is here: hand it to a posted receive, or hold it until one is posted.
 
         Also the end of a TCP payload that had no receive when its header arrived: one may
@@ -283,6 +324,8 @@ class Mailbox:
         for table_key in [k for k in self._held if k[1] == key]:
             for held in self._held.pop(table_key):
                 self.unexpected_bytes -= held.payload.nbytes
+            if self.on_drain is not None:
+                self.on_drain()
         for table_key in [k for k in self._posted if k[1] == key]:
             del self._posted[table_key]
         self._posted_any.pop(key, None)
@@ -293,10 +336,10 @@ class Mailbox:
         for table_key in [k for k in self._posted if k[1] == key]:
             for recv in self._posted.pop(table_key):
                 if not recv.future.done():
-                    recv.future.set_exception(exc)
+                    _fail_future(recv.future, exc)
         for recv in self._posted_any.pop(key, ()):
             if not recv.future.done():
-                recv.future.set_exception(exc)
+                _fail_future(recv.future, exc)
 
     def fail_peer(self, src: int, exc: BaseException) -> None:
         """``src`` is gone: fail every receive waiting on it, now and later."""
@@ -304,13 +347,13 @@ class Mailbox:
         for table_key in [k for k in self._posted if k[0] == src]:
             for recv in self._posted.pop(table_key):
                 if not recv.future.done():
-                    recv.future.set_exception(exc)
+                    _fail_future(recv.future, exc)
 
     def fail_all(self, exc: BaseException) -> None:
         for q in itertools.chain(self._posted.values(), self._posted_any.values()):
             for recv in q:
                 if not recv.future.done():
-                    recv.future.set_exception(exc)
+                    _fail_future(recv.future, exc)
         self._posted.clear()
         self._posted_any.clear()
 
@@ -412,12 +455,17 @@ class Transport(ABC):
         """Tell ``dst`` that its message for ``key`` met a different operation here."""
 
     @abstractmethod
-    def send_abort(self, dst: int, key: Key, reason: str) -> None:
-        """Tell ``dst`` that this rank abandoned the operation ``key`` (best effort)."""
+    def send_abort(self, dst: int, key: Key, reason: str, kind: str = "network") -> None:
+        """Tell ``dst`` that this rank abandoned the operation ``key`` (best effort).
 
-    def _abort_reported(self, src: int, key: Key, reason: str) -> None:
+        ``kind`` says why, so that ``dst`` raises the same class of error: ``"network"``
+        (a lost peer: ``DistNetworkError``), ``"mismatch"`` (``CollectiveMismatchError``)
+        or ``"error"`` (anything else: ``DistError``).
+        """
+
+    def _abort_reported(self, src: int, key: Key, reason: str, kind: str = "network") -> None:
         """``src`` abandoned the operation ``key``: fail ours, it will not get its data."""
-        self._key_failed(key, DistNetworkError(reason))
+        self._key_failed(key, ABORT_KINDS.get(kind, DistError)(reason))
 
     def _mismatch_reported(
         self, src: int, key: Key, ours: Fingerprint | None, theirs: Fingerprint | None
@@ -427,6 +475,11 @@ class Transport(ABC):
             f"rank {src} expected {describe_fingerprint(theirs)} but rank {self.rank} sent {describe_fingerprint(ours)}"
         )
         self._key_failed(key, exc)
+
+    def stall_note(self) -> str:
+        """Why data may be stuck here (e.g. reading paused at the unexpected cap), for timeout
+        messages; empty when nothing is."""
+        return ""
 
     def check_peer(self, peer: int) -> None:
         """Raise the recorded error if ``peer`` is known to be gone."""

@@ -44,7 +44,9 @@ class MemoryTransport(Transport):
         if not 0 <= dst < self.world_size:
             raise DistNetworkError(f"rank {self.rank}: no rank {dst} in a world of {self.world_size}")
         peer = self._fabric.transports[dst]
-        peer.mailbox.deliver(self.rank, key, fp, payload.cast("B") if payload.format != "B" else payload, owned=False)
+        peer.mailbox.deliver(
+            self.rank, key, fp, payload.cast("B") if payload.format != "B" else payload, owned=False
+        )
         return self._done
 
     def _send_mismatch(self, dst: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
@@ -52,10 +54,10 @@ class MemoryTransport(Transport):
         if not peer.closed:
             self.loop.call_soon(peer._mismatch_reported, self.rank, key, sent, want)
 
-    def send_abort(self, dst: int, key: Key, reason: str) -> None:
+    def send_abort(self, dst: int, key: Key, reason: str, kind: str = "network") -> None:
         peer = self._fabric.transports[dst]
         if not peer.closed:
-            self.loop.call_soon(peer._abort_reported, self.rank, key, reason)
+            self.loop.call_soon(peer._abort_reported, self.rank, key, reason, kind)
 
     async def aclose(self) -> None:
         """An orderly leave: peers fail only what still needs this rank."""

@@ -8,6 +8,15 @@ byte queued so far (flow control with a zero high-water mark tells us when).
 
 A connection that breaks mid-frame or sends nonsense is poisoned: it is aborted, and the
 peer counts as lost; every receive waiting on it fails with ``DistNetworkError`` naming it.
+
+Bounded input: until a connection has authenticated, its reader accepts only small
+handshake frames (a 4 KiB scratch buffer, no payloads), and it must finish the handshake
+within ``AIODIST_HANDSHAKE_TIMEOUT`` seconds (10 by default); at most
+``MAX_PENDING_HANDSHAKES`` strangers are kept at once. Messages that arrive before their
+receive is posted are held up to the mailbox's cap (``AIODIST_UNEXPECTED_CAP`` bytes, 1 GiB
+by default); a message that would exceed it is not read at all: reading from that peer
+pauses until a receive for it is posted (its payload then lands straight in that buffer) or
+held messages are consumed. A timeout that happens meanwhile says so.
 """
 
 from __future__ import annotations
@@ -23,12 +32,13 @@ from typing import Any, cast
 
 from aiodist.errors import DistError, DistNetworkError, DistTimeoutError
 from aiodist.transport.base import DISCARD, Fingerprint, Key, PendingRecv, Transport
-from aiodist.wire.frames import FrameReader, Limits, ProtocolError, encode_frame
+from aiodist.wire.frames import PAUSE, FrameReader, Limits, ProtocolError, encode_frame
 from aiodist.wire.handshake import (
     AuthError,
     Challenge,
     Hello,
     accept_hello,
+    handshake_timeout_from_env,
     make_challenge,
     make_hello,
     make_welcome,
@@ -48,9 +58,24 @@ KIND_BYE = 3  # an orderly goodbye: the peer destroyed its process group and is 
 # Payloads up to this size are joined with their header into one bytes object: one small
 # copy is cheaper than a second buffer in the write queue.
 _SMALL_PAYLOAD = 16 * 1024
-HANDSHAKE_TIMEOUT = 10.0
+HANDSHAKE_TIMEOUT = 10.0  # default of AIODIST_HANDSHAKE_TIMEOUT
 MAX_PENDING_HANDSHAKES = 256
 PEER_LIMITS = Limits(max_header=64 * 1024, max_payload=1 << 40)
+# Before authentication: handshake messages only, no payload, nothing big to decode.
+PEER_HANDSHAKE_LIMITS = Limits(
+    max_header=2048, max_payload=0, max_str=1024, max_bin=64, max_array=8, max_map=0
+)
+_HANDSHAKE_SCRATCH = 4096
+_DATA_SCRATCH = 256 * 1024
+# How long aclose() waits for peers to close their side after our goodbye.
+LEAVE_TIMEOUT = 2.0
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 class _RateLimitedWarning:
@@ -86,8 +111,14 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self.ready: asyncio.Future[int] = owner.loop.create_future()
         self._challenge: Challenge | None = None
         self._hello: Hello | None = None
-        self._reader = FrameReader(self._on_header, self._on_frame, PEER_LIMITS)
+        self._reader = FrameReader(
+            self._on_header, self._on_frame, PEER_HANDSHAKE_LIMITS, scratch_size=_HANDSHAKE_SCRATCH
+        )
         self._target: PendingRecv | object | None = None
+        self._reserved = 0  # bytes of an unexpected payload being read (counted against the cap)
+        self._deferred_bytes = 0  # size of the message we stopped reading at (0: not paused)
+        self.closed: asyncio.Future[None] = owner.loop.create_future()
+        self.refuse = ""  # set by the listener: drop this connection as soon as it is made
         self._key: Key = (0, 0, 0)
         self._fp: Fingerprint | None = None
         self._drain_waiters: deque[asyncio.Future[None]] = deque()
@@ -101,6 +132,9 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self.transport = cast(asyncio.Transport, transport)
         peername = transport.get_extra_info("peername")
         self.remote = f"{peername[0]}:{peername[1]}" if peername else "?"
+        if self.refuse:
+            self._poison(ProtocolError(self.refuse))
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -108,7 +142,7 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         # Zero watermarks: pause_writing fires whenever bytes are queued, resume_writing once
         # the kernel took them all. That is exactly "every queued buffer may be reused".
         self.transport.set_write_buffer_limits(high=0, low=0)
-        self._deadline = self.owner.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_expired)
+        self._deadline = self.owner.loop.call_later(self.owner.handshake_timeout, self._handshake_expired)
         if not self.connector:
             self._challenge = make_challenge()
             self.transport.write(encode_frame(self._challenge.pack()))
@@ -119,10 +153,11 @@ class _PeerProtocol(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         try:
             self._reader.buffer_updated(nbytes)
-        except ProtocolError as exc:
-            self._poison(exc)
         except DistError as exc:
             self._poison(exc)
+        except Exception as exc:  # a bug of ours must not leave a half-read stream in use
+            log.exception("aiodist: rank %d: internal error reading from %s", self.owner.rank, self.remote)
+            self._poison(ProtocolError(f"internal error while reading: {exc!r}"))
 
     def eof_received(self) -> bool | None:
         return False  # close our side too
@@ -130,9 +165,14 @@ class _PeerProtocol(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
+        self._release_reservation()
+        self.owner._deferred.discard(self)
+        if not self.closed.done():
+            self.closed.set_result(None)
         for fut in self._drain_waiters:
             if not fut.done():
                 fut.set_exception(self._lost_error(exc))
+                fut.exception()  # its operation may have failed already and not await it
         self._drain_waiters.clear()
         if not self.ready.done():
             self.ready.set_exception(self._lost_error(exc))
@@ -176,12 +216,32 @@ class _PeerProtocol(asyncio.BufferedProtocol):
             kind, gid, chan, n, fp = header
         except (TypeError, ValueError):
             raise ProtocolError(f"malformed message header from rank {self.peer}") from None
+        if not (type(kind) is int and type(gid) is int and type(chan) is int and type(n) is int):
+            raise ProtocolError(f"malformed message header from rank {self.peer}")
         if kind == KIND_DATA:
+            if fp is not None and not isinstance(fp, list):
+                raise ProtocolError(f"malformed message fingerprint from rank {self.peer}")
+            owner = self.owner
+            if owner._closing:
+                self._target = DISCARD  # we said goodbye: nothing that arrives matters now
+                return None
             key = (gid, chan, n)
-            target = self.owner.mailbox.match(self.peer, key, nbytes, fp)
+            target = owner.mailbox.match(self.peer, key, nbytes, fp)
+            if target is None and nbytes and not owner._room_for(nbytes):
+                # Holding it would exceed the cap: leave it unread until a receive is
+                # posted for it or held messages are consumed (backpressure, bounded memory).
+                self._deferred_bytes = nbytes
+                owner._deferred.add(self)
+                if self.transport is not None:
+                    self.transport.pause_reading()
+                return cast(memoryview, PAUSE)
+            self._deferred_bytes = 0
             self._target = target
             if isinstance(target, PendingRecv):
                 return target.buf
+            if target is None:
+                self._reserved = nbytes
+                owner._incoming += nbytes
             self._key, self._fp = key, fp
             return None
         if kind == KIND_MISMATCH:
@@ -191,9 +251,14 @@ class _PeerProtocol(asyncio.BufferedProtocol):
             self._target = DISCARD
             return None
         if kind == KIND_ABORT:
-            if nbytes or not isinstance(fp, str):
+            # fp: the reason (a lost peer), or [kind, reason]
+            if isinstance(fp, str):
+                fp = ["network", fp]
+            if nbytes or not (
+                isinstance(fp, list) and len(fp) == 2 and isinstance(fp[0], str) and isinstance(fp[1], str)
+            ):
                 raise ProtocolError(f"malformed abort notice from rank {self.peer}")
-            self.owner._abort_reported(self.peer, (gid, chan, n), fp)
+            self.owner._abort_reported(self.peer, (gid, chan, n), fp[1], fp[0])
             self._target = DISCARD
             return None
         if kind == KIND_BYE:
@@ -209,12 +274,13 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         if isinstance(target, PendingRecv):
             self.owner.mailbox.complete(target, self.peer)
         elif target is None:
-            mailbox = self.owner.mailbox
-            mailbox.deliver(self.peer, self._key, self._fp, payload, owned=True)
-            if mailbox.over_cap and self.transport is not None:
-                # Backpressure: stop reading until receives consume what is held.
-                self.transport.pause_reading()
-                self.owner._paused_readers.add(self)
+            self._release_reservation()
+            self.owner.mailbox.deliver(self.peer, self._key, self._fp, payload, owned=True)
+
+    def _release_reservation(self) -> None:
+        if self._reserved:
+            self.owner._incoming -= self._reserved
+            self._reserved = 0
 
     # -- handshake ----------------------------------------------------------------------
     def _handshake_step(self, msg: Any) -> None:
@@ -234,11 +300,11 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         try:
             hello = accept_hello(self._challenge, msg, owner.job, owner.secret)
         except AuthError as exc:
-            self.transport.write(encode_frame(["refused", str(exc)]))
+            self.transport.write(encode_frame(["refused", str(exc)[:500]]))
             raise
         refusal = owner._check_newcomer(hello.rank)
         if refusal:
-            self.transport.write(encode_frame(["refused", refusal]))
+            self.transport.write(encode_frame(["refused", refusal[:500]]))
             raise AuthError(refusal)
         self.transport.write(
             encode_frame(make_welcome(self._challenge, hello, owner.job, owner.rank, owner.secret).pack())
@@ -250,12 +316,16 @@ class _PeerProtocol(asyncio.BufferedProtocol):
             self._deadline.cancel()
             self._deadline = None
         self.peer = peer
+        # Authenticated: from the next frame on, data frames with their real limits.
+        self._reader.set_limits(PEER_LIMITS, _DATA_SCRATCH)
         self.owner._register(self)
         if not self.ready.done():
             self.ready.set_result(peer)
 
     def _handshake_expired(self) -> None:
-        self._poison(ProtocolError(f"no handshake from {self.remote} within {HANDSHAKE_TIMEOUT:.0f} s"))
+        self._poison(
+            ProtocolError(f"no handshake from {self.remote} within {self.owner.handshake_timeout:g} s")
+        )
 
     # -- failure ------------------------------------------------------------------------
     def _poison(self, exc: DistError) -> None:
@@ -297,9 +367,15 @@ class TcpTransport(Transport):
         self._arrivals: dict[int, asyncio.Future[None]] = {}
         self._pending_handshakes = 0
         self._server: asyncio.base_events.Server | None = None
-        self._paused_readers: set[_PeerProtocol] = set()
         self._poisoned: dict[int, DistError] = {}
-        self.mailbox.on_drain = self._resume_readers
+        # Connections paused on a message that does not fit under the unexpected cap.
+        self._deferred: set[_PeerProtocol] = set()
+        self._incoming = 0  # unexpected payload bytes being read right now
+        self._retry_scheduled = False
+        self._closing = False
+        self.handshake_timeout = handshake_timeout_from_env(HANDSHAKE_TIMEOUT)
+        self.mailbox.on_drain = self._schedule_retry
+        self.mailbox.on_post = self._schedule_retry
         self.port = 0
 
     # -- setup ------------------------------------------------------------------------
@@ -313,9 +389,9 @@ class TcpTransport(Transport):
 
     def _accept(self) -> _PeerProtocol:
         proto = _PeerProtocol(self, connector=False)
-        if self._pending_handshakes >= MAX_PENDING_HANDSHAKES:
+        if self._pending_handshakes >= MAX_PENDING_HANDSHAKES or self._closing:
             # Too many strangers at once: accept and drop at once rather than let them pile up.
-            self.loop.call_soon(proto._poison, ProtocolError("too many unauthenticated connections"))
+            proto.refuse = f"too many unauthenticated connections (limit {MAX_PENDING_HANDSHAKES})"
         self._pending_handshakes += 1
         proto.ready.add_done_callback(self._handshake_done)
         return proto
@@ -391,26 +467,65 @@ class TcpTransport(Transport):
                 encode_frame([KIND_MISMATCH, key[0], key[1], key[2], [sent, want]]), memoryview(b"")
             )
 
-    def send_abort(self, dst: int, key: Key, reason: str) -> None:
+    def send_abort(self, dst: int, key: Key, reason: str, kind: str = "network") -> None:
         proto = self._peers.get(dst)
         if proto is not None and dst not in self.dead_peers and proto.transport is not None:
             proto.write_message(
-                encode_frame([KIND_ABORT, key[0], key[1], key[2], reason[:4000]]), memoryview(b"")
+                encode_frame([KIND_ABORT, key[0], key[1], key[2], [kind[:32], reason[:4000]]]),
+                memoryview(b""),
             )
 
-    def _resume_readers(self) -> None:
-        for proto in self._paused_readers:
-            if proto.transport is not None and not proto.transport.is_closing():
-                proto.transport.resume_reading()
-        self._paused_readers.clear()
+    # -- backpressure -------------------------------------------------------------------
+    def _room_for(self, nbytes: int) -> bool:
+        """May an unexpected message of ``nbytes`` be read and held now?"""
+        mailbox = self.mailbox
+        return mailbox.unexpected_bytes + self._incoming + nbytes <= mailbox.unexpected_cap
+
+    def _schedule_retry(self) -> None:
+        if self._deferred and not self._retry_scheduled:
+            self._retry_scheduled = True
+            self.loop.call_soon(self._retry_deferred)
+
+    def _retry_deferred(self) -> None:
+        """A receive was posted or held memory freed: look again at the paused messages."""
+        self._retry_scheduled = False
+        for proto in list(self._deferred):
+            self._deferred.discard(proto)
+            transport = proto.transport
+            if transport is None or transport.is_closing():
+                continue
+            try:
+                resumed = proto._reader.resume()
+            except DistError as exc:
+                proto._poison(exc)
+                continue
+            if resumed:
+                transport.resume_reading()
+
+    def abandon(self, key: Key) -> None:
+        super().abandon(key)
+        self._schedule_retry()  # a paused message may belong to the abandoned operation
+
+    def stall_note(self) -> str:
+        if not self._deferred:
+            return ""
+        ranks = sorted(p.peer for p in self._deferred)
+        biggest = max(p._deferred_bytes for p in self._deferred)
+        held = self.mailbox.unexpected_bytes + self._incoming
+        return (
+            f"; reading from rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} is paused: "
+            f"messages that arrived before their receives were posted hold {_fmt_bytes(held)} of the "
+            f"{_fmt_bytes(self.mailbox.unexpected_cap)} cap (AIODIST_UNEXPECTED_CAP) and the next one "
+            f"needs {_fmt_bytes(biggest)}"
+        )
 
     # -- failure ----------------------------------------------------------------------
     def _connection_lost(self, proto: _PeerProtocol, exc: Exception | None, *, mid_frame: bool) -> None:
-        self._paused_readers.discard(proto)
+        self._deferred.discard(proto)
         if proto.peer < 0 or self._peers.get(proto.peer) is not proto:
             return
         del self._peers[proto.peer]
-        if self.closed:
+        if self.closed or self._closing:
             return
         cause = self._poisoned.get(proto.peer)
         if proto.departed and cause is None:
@@ -425,7 +540,8 @@ class TcpTransport(Transport):
         else:
             how = " in the middle of a frame" if mid_frame else ""
             err = DistNetworkError(
-                f"rank {proto.peer} closed its connection{how}" + (f" ({exc})" if exc else "")
+                f"rank {proto.peer} closed its connection{how} without saying goodbye "
+                "(the process died, or exited without destroy_process_group)" + (f": {exc}" if exc else "")
             )
         err.__cause__ = cause or exc
         self._peer_lost(proto.peer, err)
@@ -435,12 +551,25 @@ class TcpTransport(Transport):
         if self.closed:
             return
         # Say goodbye (so peers know this is a leave, not a crash), let queued sends reach
-        # the kernel (bounded), then close.
+        # the kernel (bounded), then half-close and wait (briefly) for every peer to close
+        # its side: a socket closed with unread bytes is reset by the kernel, which would
+        # drop what we sent last. Whatever arrives meanwhile is discarded.
+        self._closing = True
+        self._schedule_retry()
+        protos = [p for p in self._peers.values() if p.transport is not None and not p.transport.is_closing()]
         bye = encode_frame([KIND_BYE, 0, 0, 0, None])
-        waits = [p.write_message(bye, memoryview(b"")) for p in self._peers.values() if p.transport is not None]
+        waits = [p.write_message(bye, memoryview(b"")) for p in protos]
         pending = [w for w in waits if isinstance(w, asyncio.Future) and not w.done()]
         if pending:
             await asyncio.wait(pending, timeout=5.0)
+        closers: list[asyncio.Future[None]] = []
+        for p in protos:
+            if p.transport is not None and not p.transport.is_closing():
+                with contextlib.suppress(Exception):
+                    p.transport.write_eof()
+                    closers.append(p.closed)
+        if closers:
+            await asyncio.wait(closers, timeout=LEAVE_TIMEOUT)
         self.abort()
 
     def abort(self) -> None:

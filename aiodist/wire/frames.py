@@ -11,7 +11,9 @@ announcing a 2**62-byte frame costs us 12 bytes. ``FrameReader`` is pure: it is 
 bytes that arrived (via the ``get_buffer``/``buffer_updated`` pair that mirrors
 ``asyncio.BufferedProtocol``) and calls back with each header; the callback answers with
 the buffer the payload should land in, so a large payload goes straight from the socket
-into the tensor its receive was posted with.
+into the tensor its receive was posted with, or ``PAUSE``: the frame is kept (header decoded,
+payload unread) until ``resume()``, so a receiver can refuse to buffer a message it has no
+room for and stop reading instead (backpressure without unbounded memory).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from aiodist.errors import DistError
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "PAUSE",
     "PREFIX",
     "FrameReader",
     "Limits",
@@ -57,6 +60,18 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
+class _Pause:
+    """``on_header`` answer: keep this frame unread until ``FrameReader.resume()``."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "PAUSE"
+
+
+PAUSE: Any = _Pause()
+
+
 def encode_frame(header: Any, payload_len: int = 0) -> bytes:
     """Prefix and header of one frame; the caller writes ``payload_len`` payload bytes after it."""
     packed: bytes = msgpack.packb(header, use_bin_type=True)
@@ -82,12 +97,12 @@ def decode_header(data: bytes | memoryview, limits: Limits = DEFAULT_LIMITS) -> 
 
 
 # on_header(header, payload_len) -> where the payload goes (a writable memoryview of exactly
-# payload_len bytes), or None to have it collected into a fresh bytearray.
+# payload_len bytes), None to have it collected into a fresh bytearray, or PAUSE.
 HeaderCallback = Callable[[Any, int], "memoryview | None"]
 # on_frame(header, payload) -> called once the whole payload has arrived.
 FrameCallback = Callable[[Any, memoryview], None]
 
-_PREFIX, _HEADER, _PAYLOAD = 0, 1, 2
+_PREFIX, _HEADER, _PAYLOAD, _PAUSED = 0, 1, 2, 3
 
 
 class FrameReader:
@@ -133,14 +148,14 @@ class FrameReader:
 
     # -- BufferedProtocol-shaped feeding ------------------------------------------------
     def get_buffer(self) -> memoryview:
-        """Where the next received bytes should be written."""
+        """Where the next received bytes should be written (empty only while paused and full)."""
         if self._state == _PAYLOAD and self._pos == self._filled:
             # Straight into the destination, never past the end of this frame's payload.
             assert self._sink is not None
             return self._sink[self._staged :]
         if self._pos == self._filled:
             self._pos = self._filled = 0
-        elif len(self._scratch) - self._filled < 4096:
+        elif len(self._scratch) - self._filled < 4096 and self._pos:
             # Compact: move the unconsumed tail to the front.
             n = self._filled - self._pos
             self._scratch[:n] = self._scratch[self._pos : self._filled]
@@ -148,7 +163,11 @@ class FrameReader:
         return self._scratch_view[self._filled :]
 
     def buffer_updated(self, nbytes: int) -> None:
-        """``nbytes`` were written into the last buffer ``get_buffer`` returned."""
+        """``nbytes`` were written into the last buffer ``get_buffer`` returned.
+
+        While paused, bytes may still be handed in (they wait in the scratch buffer) as long
+        as ``get_buffer`` had room for them; the owner is expected to stop reading.
+        """
         if self._state == _PAYLOAD and self._pos == self._filled:
             self._staged += nbytes
             if self._staged == self._payload_len:
@@ -158,15 +177,57 @@ class FrameReader:
         self._filled += nbytes
         self._drain()
 
-    def feed(self, data: bytes | bytearray | memoryview) -> None:
-        """Feed bytes from anywhere (tests, non-buffered transports)."""
+    def feed(self, data: bytes | bytearray | memoryview) -> int:
+        """Feed bytes from anywhere (tests, non-buffered transports).
+
+        Returns how many bytes were taken: all of them, unless the reader paused on a frame
+        and its scratch buffer filled up (feed the rest after ``resume()``).
+        """
         view = memoryview(data).cast("B")
+        total = view.nbytes
         while view.nbytes:
             buf = self.get_buffer()
             n = min(len(buf), view.nbytes)
+            if n == 0:
+                break
             buf[:n] = view[:n]
             view = view[n:]
             self.buffer_updated(n)
+        return total - view.nbytes
+
+    @property
+    def paused(self) -> bool:
+        """True while a frame whose ``on_header`` answered ``PAUSE`` waits for ``resume()``."""
+        return self._state == _PAUSED
+
+    def resume(self) -> bool:
+        """Ask ``on_header`` again about the paused frame and go on parsing what is buffered.
+
+        Returns True if the reader is no longer paused.
+        """
+        if self._state != _PAUSED:
+            return True
+        self._state = _HEADER
+        if not self._accept_header():
+            return False
+        self._drain()
+        return self._state != _PAUSED
+
+    def set_limits(self, limits: Limits, scratch_size: int = 256 * 1024) -> None:
+        """Change the limits (and the scratch size) from the next frame on.
+
+        For a connection that authenticates on small, strict limits and then switches to
+        the data limits: bytes already buffered beyond the current frame are kept. Call it
+        between frames (from ``on_header`` of a payload-less frame, or ``on_frame``).
+        """
+        self._limits = limits
+        size = max(scratch_size, PREFIX.size + limits.max_header)
+        if size != len(self._scratch):
+            n = self._filled - self._pos
+            scratch = bytearray(size)
+            scratch[:n] = self._scratch_view[self._pos : self._filled]
+            self._scratch, self._scratch_view = scratch, memoryview(scratch)
+            self._pos, self._filled = 0, n
 
     @property
     def mid_frame(self) -> bool:
@@ -199,18 +260,10 @@ class FrameReader:
                 raw = self._scratch_view[self._pos : self._pos + self._expect]
                 self._pos += self._expect
                 self._header = decode_header(raw, self._limits)
-                sink = self._on_header(self._header, self._payload_len)
-                if sink is None:
-                    sink = memoryview(bytearray(self._payload_len))
-                elif sink.nbytes != self._payload_len:
-                    raise ProtocolError(
-                        f"payload sink of {sink.nbytes} bytes for a {self._payload_len}-byte payload"
-                    )
-                self._sink = sink.cast("B") if sink.format != "B" or sink.ndim != 1 else sink
-                self._staged = 0
-                self._state = _PAYLOAD
-                if self._payload_len == 0:
-                    self._finish_payload()
+                if not self._accept_header():
+                    return
+            elif self._state == _PAUSED:
+                return
             else:  # _PAYLOAD, with bytes still sitting in scratch
                 if avail == 0:
                     return
@@ -221,6 +274,23 @@ class FrameReader:
                 self._staged += n
                 if self._staged == self._payload_len:
                     self._finish_payload()
+
+    def _accept_header(self) -> bool:
+        """Ask where the decoded header's payload goes; False when the answer is PAUSE."""
+        sink = self._on_header(self._header, self._payload_len)
+        if sink is PAUSE:
+            self._state = _PAUSED
+            return False
+        if sink is None:
+            sink = memoryview(bytearray(self._payload_len))
+        elif sink.nbytes != self._payload_len:
+            raise ProtocolError(f"payload sink of {sink.nbytes} bytes for a {self._payload_len}-byte payload")
+        self._sink = sink.cast("B") if sink.format != "B" or sink.ndim != 1 else sink
+        self._staged = 0
+        self._state = _PAYLOAD
+        if self._payload_len == 0:
+            self._finish_payload()
+        return True
 
     def _finish_payload(self) -> None:
         header, sink = self._header, self._sink

@@ -1,0 +1,451 @@
+"""One rank of a benchmark job: aiodist (one face) and, with ``compare``, torch's gloo, side by side.
+
+Both runtimes live in the same process, each with its own connections. For every case the
+same buffers serve both (torch tensors are views of the numpy arrays), each runtime first
+makes one checked call (``#wrong``), then the timed repetitions alternate between them
+(aiodist first on even repetitions, gloo first on odd ones), each preceded by that
+runtime's own barrier. A repetition times ``iters`` back-to-back blocking (or awaited)
+calls; the parent takes the slowest rank of each repetition and the median over them.
+
+Results go to the parent through a multiprocessing queue as plain tuples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import gc
+import os
+import threading
+import time
+import warnings
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from aiodist._bench import cases
+from aiodist._bench.cases import Buffers
+
+__all__ = ["JobConfig", "iterations", "worker_main"]
+
+STREAM_BURST = 100  # messages per repetition of the "stream" case
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """What one job (one face, one world size) measures."""
+
+    face: str  # "async" | "sync"
+    nprocs: int
+    ops: tuple[str, ...]
+    sizes: tuple[int, ...]
+    compare: bool
+    repeat: int = 3
+    iters: int = 0  # 0: by size (``iterations``)
+    warmup: int = 0  # 0: by size
+    latency: bool = True
+    memory_bytes: int = 64 << 20  # 0: no memory check
+    gloo_port: int = 0
+    timeout: float = 600.0
+
+
+def iterations(nbytes: int, cfg: JobConfig) -> tuple[int, int]:
+    """(warm-up calls, timed calls per repetition) for a case of ``nbytes``."""
+    if cfg.iters:
+        return (cfg.warmup or 2), cfg.iters
+    iters = max(3, min(40, (64 << 20) // max(1, nbytes)))
+    warm = cfg.warmup or (1 if nbytes >= (16 << 20) else 2 if nbytes >= (1 << 20) else 5)
+    return warm, iters
+
+
+# -- the runtimes under test ---------------------------------------------------------------------
+
+Call = Callable[[], Any]
+
+
+class Runtime:
+    """One implementation: binds an operation on a set of buffers to a zero-argument call."""
+
+    name = ""
+    awaits = False  # calls return awaitables (the async face)
+
+    def bind(self, op: str, bufs: Buffers, rank: int, n: int) -> Call:
+        raise NotImplementedError
+
+    def barrier(self) -> Any:
+        raise NotImplementedError
+
+    async def run(self, fn: Call, iters: int) -> float:
+        """Seconds taken by ``iters`` calls of ``fn`` in a row."""
+        if self.awaits:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                await fn()
+            return time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return time.perf_counter() - t0
+
+    async def sync(self) -> None:
+        r = self.barrier()
+        if self.awaits:
+            await r
+
+
+async def _both(a: Awaitable[Any], b: Awaitable[Any]) -> None:
+    await a
+    await b
+
+
+async def _all(works: list[Any]) -> None:
+    for w in works:
+        await w
+
+
+class AsyncAiodist(Runtime):
+    """``import aiodist as dist``: numpy arrays, every call awaited."""
+
+    name = "aiodist"
+    awaits = True
+
+    def __init__(self) -> None:
+        import aiodist
+
+        self.d = aiodist
+
+    def barrier(self) -> Any:
+        return self.d.barrier()
+
+    def bind(self, op: str, bufs: Buffers, rank: int, n: int) -> Call:
+        d, a, b = self.d, bufs.a, bufs.b
+        peer = rank ^ 1
+        if op == "all_reduce":
+            return lambda: d.all_reduce(a)
+        if op == "broadcast":
+            return lambda: d.broadcast(a, 0)
+        if op == "reduce":
+            return lambda: d.reduce(a, 0)
+        if op == "all_gather":
+            return lambda: d.all_gather_into_tensor(b, a)
+        if op == "reduce_scatter":
+            return lambda: d.reduce_scatter_tensor(b, a)
+        if op == "all_to_all":
+            return lambda: d.all_to_all_single(b, a)
+        if op == "gather":
+            gl = bufs.blocks_b if rank == 0 else None
+            return lambda: d.gather(a, gl, 0)
+        if op == "scatter":
+            sl = bufs.blocks_a if rank == 0 else None
+            return lambda: d.scatter(b, sl, 0)
+        if op == "sendrecv":
+            right, left = (rank + 1) % n, (rank - 1) % n
+            return lambda: _both(d.send(a, right), d.recv(b, left))
+        if op == "barrier":
+            return lambda: d.barrier()
+        if op == "pingpong":
+            if peer >= n:
+                return _idle
+            if rank % 2 == 0:
+                return lambda: _both(d.send(a, peer), d.recv(a, peer))
+            return lambda: _recv_then_send(d, a, peer)
+        if op == "stream":
+            if peer >= n:
+                return _idle
+            if rank % 2 == 0:
+                return lambda: _all([d.send(a, peer) for _ in range(STREAM_BURST)])
+            return lambda: _all([d.recv(a, peer) for _ in range(STREAM_BURST)])
+        raise ValueError(op)
+
+
+async def _recv_then_send(d: Any, a: Any, peer: int) -> None:
+    await d.recv(a, peer)
+    await d.send(a, peer)
+
+
+async def _idle() -> None:
+    return None
+
+
+def _idle_sync() -> None:
+    return None
+
+
+class BlockingTorchLike(Runtime):
+    """The torch.distributed calling convention: ``aiodist.sync`` or ``torch.distributed`` (gloo)."""
+
+    def __init__(self, name: str, module: Any, use_torch: bool) -> None:
+        self.name = name
+        self.d = module
+        self.use_torch = use_torch
+
+    def _t(self, arr: np.ndarray[Any, Any] | None) -> Any:
+        if arr is None or not self.use_torch:
+            return arr
+        import torch
+
+        return torch.from_numpy(arr)
+
+    def barrier(self) -> Any:
+        return self.d.barrier()
+
+    def bind(self, op: str, bufs: Buffers, rank: int, n: int) -> Call:
+        d = self.d
+        a, b = self._t(bufs.a), self._t(bufs.b)
+        peer = rank ^ 1
+        if op == "all_reduce":
+            return lambda: d.all_reduce(a)
+        if op == "broadcast":
+            return lambda: d.broadcast(a, 0)
+        if op == "reduce":
+            return lambda: d.reduce(a, 0)
+        if op == "all_gather":
+            ag = getattr(d, "all_gather_single", None) or d.all_gather_into_tensor
+            return lambda: ag(b, a)
+        if op == "reduce_scatter":
+            rs = getattr(d, "reduce_scatter_single", None) or d.reduce_scatter_tensor
+            return lambda: rs(b, a)
+        if op == "all_to_all":
+            return lambda: d.all_to_all_single(b, a)
+        if op == "gather":
+            gl = [self._t(x) for x in bufs.blocks_b] if rank == 0 else None
+            return lambda: d.gather(a, gl, 0)
+        if op == "scatter":
+            sl = [self._t(x) for x in bufs.blocks_a] if rank == 0 else None
+            return lambda: d.scatter(b, sl, 0)
+        if op == "sendrecv":
+            right, left = (rank + 1) % n, (rank - 1) % n
+
+            def sendrecv() -> None:
+                ws = d.isend(a, right)
+                wr = d.irecv(b, left)
+                ws.wait()
+                wr.wait()
+
+            return sendrecv
+        if op == "barrier":
+            return lambda: d.barrier()
+        if op == "pingpong":
+            if peer >= n:
+                return _idle_sync
+            if rank % 2 == 0:
+
+                def ping() -> None:
+                    d.send(a, peer)
+                    d.recv(a, peer)
+
+                return ping
+
+            def pong() -> None:
+                d.recv(a, peer)
+                d.send(a, peer)
+
+            return pong
+        if op == "stream":
+            if peer >= n:
+                return _idle_sync
+            start = d.isend if rank % 2 == 0 else d.irecv
+
+            def stream() -> None:
+                works = [start(a, peer) for _ in range(STREAM_BURST)]
+                for w in works:
+                    w.wait()
+
+            return stream
+        raise ValueError(op)
+
+
+# -- memory --------------------------------------------------------------------------------------
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (Linux ``/proc``; peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class _RssSampler:
+    """Samples RSS every half millisecond in a thread; ``peak`` is the highest seen."""
+
+    def __init__(self) -> None:
+        self.peak = rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_bytes())
+            time.sleep(0.0005)
+
+    def __enter__(self) -> _RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+
+# -- the job -------------------------------------------------------------------------------------
+
+
+class Worker:
+    def __init__(self, rank: int, cfg: JobConfig, out: Any) -> None:
+        self.rank = rank
+        self.n = cfg.nprocs
+        self.cfg = cfg
+        self.out = out
+        self.runtimes: list[Runtime] = []
+
+    def emit(self, *item: Any) -> None:
+        self.out.put(item)
+
+    async def setup(self) -> None:
+        cfg = self.cfg
+        timeout = max(60.0, cfg.timeout)
+        if cfg.compare:
+            import torch.distributed as td
+
+            td.init_process_group(
+                "gloo",
+                init_method=f"tcp://127.0.0.1:{cfg.gloo_port}",
+                rank=self.rank,
+                world_size=self.n,
+                timeout=datetime.timedelta(seconds=timeout),
+            )
+        if cfg.face == "async":
+            import aiodist
+
+            await aiodist.init_process_group("tcp", "env://", timeout=timeout)
+            self.runtimes.append(AsyncAiodist())
+        else:
+            import aiodist.sync as sd
+
+            sd.init_process_group("gloo", "env://", timeout=datetime.timedelta(seconds=timeout))
+            self.runtimes.append(BlockingTorchLike("aiodist", sd, use_torch=_have_torch()))
+        if cfg.compare:
+            import torch.distributed as td
+
+            self.runtimes.append(BlockingTorchLike("gloo", td, use_torch=True))
+
+    async def teardown(self) -> None:
+        for rt in self.runtimes:
+            await rt.sync()
+        if self.cfg.face == "async":
+            import aiodist
+
+            await aiodist.destroy_process_group()
+        else:
+            import aiodist.sync as sd
+
+            sd.destroy_process_group()
+        if self.cfg.compare:
+            import torch.distributed as td
+
+            td.destroy_process_group()
+
+    async def call_once(self, rt: Runtime, fn: Call) -> None:
+        r = fn()
+        if rt.awaits:
+            await r
+
+    async def memory(self) -> None:
+        """RSS added by a large all_reduce, per runtime (the buffer itself allocated before)."""
+        count = self.cfg.memory_bytes // 4
+        bufs = cases.make_buffers("all_reduce", count, self.rank, self.n)
+        for rt in self.runtimes:
+            fn = rt.bind("all_reduce", bufs, self.rank, self.n)
+            small = rt.bind(
+                "all_reduce", cases.make_buffers("all_reduce", 1, self.rank, self.n), self.rank, self.n
+            )
+            await self.call_once(rt, small)
+            await rt.sync()
+            gc.collect()
+            cases.fill("all_reduce", bufs, self.rank, self.n)
+            before = rss_bytes()
+            with _RssSampler() as sampler:
+                for _ in range(2):
+                    await self.call_once(rt, fn)
+            self.emit("memory", self.rank, rt.name, self.cfg.memory_bytes, sampler.peak - before)
+        del bufs
+
+    async def case(self, op: str, nbytes: int, *, latency: bool = False) -> None:
+        n, rank = self.n, self.rank
+        count = cases.count_for(op, nbytes, n) if nbytes else 0
+        bufs = cases.make_buffers(op, count, rank, n)
+        warm, iters = iterations(max(nbytes, 1), self.cfg)
+        if latency:
+            iters = max(iters, 100) if op != "stream" else 10
+        fns: dict[str, Call] = {}
+        wrong: dict[str, int] = {}
+        for rt in self.runtimes:
+            fn = fns[rt.name] = rt.bind(op, bufs, rank, n)
+            if not latency:
+                cases.fill(op, bufs, rank, n)
+                await rt.sync()
+                await self.call_once(rt, fn)
+                wrong[rt.name] = cases.check(op, bufs, rank, n)
+            await rt.sync()
+            for _ in range(warm):
+                await self.call_once(rt, fn)
+        times: dict[str, list[float]] = {rt.name: [] for rt in self.runtimes}
+        for rep in range(self.cfg.repeat):
+            order = self.runtimes if rep % 2 == 0 else self.runtimes[::-1]
+            for rt in order:
+                await rt.sync()
+                dt = await rt.run(fns[rt.name], iters)
+                times[rt.name].append(dt / iters)
+        kind = "latency" if latency else "case"
+        self.emit(kind, rank, op, nbytes, count, {k: (v, wrong.get(k, 0)) for k, v in times.items()})
+
+    async def run(self) -> None:
+        await self.setup()
+        self.emit("ready", self.rank)
+        if self.cfg.memory_bytes:
+            await self.memory()
+        if self.cfg.latency:
+            for op, nbytes in cases.LATENCY:
+                await self.case(op, nbytes, latency=True)
+        for op in self.cfg.ops:
+            for nbytes in self.cfg.sizes:
+                await self.case(op, nbytes)
+        await self.teardown()
+
+
+def _have_torch() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def worker_main(rank: int, cfg: JobConfig, env: dict[str, str], out: Any) -> None:
+    """Entry point of one rank (a spawned process)."""
+    os.environ.update(env)
+    os.environ["RANK"] = str(rank)
+    os.environ["WORLD_SIZE"] = str(cfg.nprocs)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    w = Worker(rank, cfg, out)
+    try:
+        if cfg.face == "async":
+            import uvloop
+
+            uvloop.run(w.run())
+        else:
+            asyncio.run(w.run())
+    except BaseException as exc:
+        import traceback
+
+        out.put(("error", rank, f"{exc.__class__.__name__}: {exc}\n{traceback.format_exc()}"))
+        raise SystemExit(1) from None
+    out.put(("done", rank))

@@ -1,0 +1,142 @@
+"""``monitored_barrier``: a barrier that names the ranks that did not arrive.
+
+How it works: every member except the group's rank 0 sends rank 0 an empty message and
+waits for its answer; rank 0 waits (up to ``timeout``) for every member, then answers each
+one that arrived with a fixed-size status (ok, or the failure text, so that they fail with
+the same diagnosis instead of waiting for their own timeout). A member whose connection is
+lost counts as not arriving at once; with ``wait_all_ranks`` rank 0 still waits for the
+others until the deadline, so that the error lists every missing rank. Unlike ``barrier``
+it also runs on a broken group: it is the tool for finding out who is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from typing import Any
+
+from aiodist._world import resolve_group
+from aiodist.collectives.context import OpContext
+from aiodist.errors import DistError, DistNetworkError, DistTimeoutError, DistTypeError, DistValueError
+from aiodist.group import ProcessGroup
+from aiodist.work import Work
+
+__all__ = ["monitored_barrier", "sync_monitored_barrier"]
+
+_ACK_BYTES = 1024  # status byte + the failure text, zero-padded
+_OK, _TIMED_OUT, _LOST = 0, 1, 2
+# Extra time a member waits for rank 0's answer beyond the barrier's timeout.
+_ANSWER_SLACK = 2.0
+
+
+def _seconds(timeout: Any, default: float) -> float:
+    if timeout is None:
+        return default
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool):
+        return float(timeout)
+    raise DistTypeError(f"timeout must be seconds or a datetime.timedelta, not {type(timeout).__name__}")
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ("ranks " if len(ranks) > 1 else "rank ") + ", ".join(map(str, ranks))
+
+
+async def _member(ctx: OpContext) -> None:
+    await ctx.send(0, memoryview(b""))
+    answer = bytearray(_ACK_BYTES)
+    await ctx.recv(0, memoryview(answer))
+    if answer[0] != _OK:
+        text = bytes(answer[1:]).rstrip(b"\0").decode(errors="replace")
+        cls = DistTimeoutError if answer[0] == _TIMED_OUT else DistNetworkError
+        raise cls(f"monitored_barrier failed (reported by rank {ctx.ranks[0]}): {text}")
+
+
+async def _monitor(ctx: OpContext, timeout: float, wait_all_ranks: bool) -> None:
+    loop = ctx.loop
+    deadline = loop.time() + timeout
+    waits: dict[asyncio.Future[int], int] = {
+        ctx.recv(p, memoryview(bytearray(0))): p for p in range(1, ctx.size)
+    }
+    pending = set(waits)
+    arrived: list[int] = []
+    lost: dict[int, BaseException] = {}
+    while pending:
+        left = deadline - loop.time()
+        if left <= 0:
+            break
+        done, pending = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        for fut in done:
+            exc = fut.exception()
+            if exc is None:
+                arrived.append(waits[fut])
+            else:
+                lost[waits[fut]] = exc
+        if lost and not wait_all_ranks:
+            break
+    for fut in pending:
+        ctx.transport.cancel_recv(fut)
+    absent = sorted(waits[f] for f in pending)
+    if not wait_all_ranks:
+        # Fail at the first problem: the lost members, or else (as torch) the first rank that
+        # did not arrive; members still on their way were not given their full time.
+        absent = [] if lost else absent[:1]
+    failed = sorted([*absent, *lost])
+    if not failed:
+        await asyncio.gather(*(_answer(ctx, p, _OK, "") for p in arrived))
+        return
+    ms = round(timeout * 1000)
+    text = f"{_ranks_text([ctx.ranks[p] for p in failed])} failed to pass monitored_barrier in {ms} ms"
+    if lost:
+        text += " (" + "; ".join(f"rank {ctx.ranks[p]}: {exc}" for p, exc in sorted(lost.items())) + ")"
+    # Every live member gets the verdict (one that has not arrived yet finds it when it does).
+    live = [p for p in range(1, ctx.size) if p not in lost]
+    status = _TIMED_OUT if absent else _LOST
+    await asyncio.gather(*(_answer(ctx, p, status, text) for p in live), return_exceptions=True)
+    if absent:
+        raise DistTimeoutError(text)
+    raise DistNetworkError(text)
+
+
+async def _answer(ctx: OpContext, peer: int, status: int, text: str) -> None:
+    buf = bytearray(_ACK_BYTES)
+    buf[0] = status
+    raw = text.encode()[: _ACK_BYTES - 1]
+    buf[1 : 1 + len(raw)] = raw
+    await ctx.send(peer, memoryview(buf))
+
+
+def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> Work:
+    """A barrier whose group rank 0 names the members that did not arrive within ``timeout``.
+
+    Args:
+        group: the group (None: the default group).
+        timeout: seconds or ``timedelta`` (None: the group's timeout).
+        wait_all_ranks: rank 0 waits for every member until the deadline and names all that
+            are missing; otherwise it fails at the first one (a lost member at once).
+    Returns:
+        A Work completing once every member has passed.
+    Raises:
+        (from the Work) ``DistTimeoutError`` on rank 0, e.g. "ranks 1, 2 failed to pass
+        monitored_barrier in 3000 ms" (``DistNetworkError`` when every missing member was
+        lost); the same error and text on the other members. Runs on a broken group too.
+    """
+    g: ProcessGroup = resolve_group(group)
+    t = _seconds(timeout, g.timeout)
+    if t <= 0:
+        raise DistValueError(f"monitored_barrier timeout must be positive, got {t}")
+    ctx = g.next_op("monitored_barrier", allow_broken=True)
+    if ctx.size == 1:
+        return Work.completed(g.loop, "monitored_barrier")
+    if ctx.rank == 0:
+        coro = _monitor(ctx, t, wait_all_ranks)
+        return g.collective(ctx, coro, timeout=t + 2 * _ANSWER_SLACK, survives_loss=True)
+    return g.collective(ctx, _member(ctx), timeout=t + _ANSWER_SLACK, survives_loss=True)
+
+
+def sync_monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+    """The blocking face's ``monitored_barrier`` (torch.distributed's signature)."""
+    from aiodist.sync._bridge import call
+
+    call(lambda: monitored_barrier(group, timeout, wait_all_ranks), False)

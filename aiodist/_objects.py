@@ -1,0 +1,358 @@
+"""Object collectives and object point-to-point of the async face.
+
+Each object is serialised on its own: plain data (None, bool, int, float, str, bytes and
+lists, tuples and dicts of them) as msgpack, anything else with pickle. The first byte of a
+payload says which. Sizes travel first (one int64 per object), then the payloads, each
+phase with the tensor algorithms of this package.
+
+Security (SPEC §6): a pickled payload is decoded only when this job authenticates its
+peers (``AIODIST_SECRET`` is set, so the transport holds a secret) or when
+``AIODIST_ALLOW_PICKLE=1``. Otherwise it is refused with a ``DistError`` before a byte of
+it is interpreted; msgpack payloads are always accepted (they cannot run code).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Coroutine
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from aiodist._collectives import launch
+from aiodist._world import resolve_group
+from aiodist.collectives._common import bv
+from aiodist.collectives.allgather import allgather as _allgather
+from aiodist.collectives.broadcast import broadcast as _broadcast
+from aiodist.collectives.gather import gather as _gather
+from aiodist.collectives.gather import scatter as _scatter
+from aiodist.errors import DistError, DistTypeError, DistValueError
+from aiodist.group import ProcessGroup
+from aiodist.transport.base import P2P
+from aiodist.work import Work
+
+__all__ = [
+    "all_gather_object",
+    "broadcast_object_list",
+    "decode_object",
+    "encode_object",
+    "gather_object",
+    "pickle_allowed",
+    "recv_object_list",
+    "scatter_object_list",
+    "send_object_list",
+]
+
+_MSGPACK = 0x4D  # "M"
+_PICKLE = 0x50  # "P"
+_TUPLE = 1  # msgpack ext code: a tuple (msgpack alone would turn it into a list)
+
+# Object point-to-point uses tags of its own (sizes, then payloads), so that a user's
+# tag-0 traffic between the same pair can never take an object's payload.
+SIZES_TAG = -0x0B1EC7
+DATA_TAG = -0x0B1EC8
+
+
+def _default(obj: Any) -> Any:
+    if type(obj) is tuple:
+        return msgpack.ExtType(_TUPLE, _pack(list(obj)))
+    raise TypeError(f"not plain data: {type(obj).__qualname__}")
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, default=_default, strict_types=True, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == _TUPLE:
+        return tuple(_unpack(data))
+    raise DistError(f"unknown msgpack extension {code} in an object payload")
+
+
+def _unpack(data: bytes | memoryview) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook, use_list=True)
+
+
+def encode_object(obj: Any) -> bytes:
+    """msgpack for plain data, pickle for the rest; the first byte says which."""
+    try:
+        return bytes([_MSGPACK]) + _pack(obj)
+    except (TypeError, ValueError, OverflowError):
+        return bytes([_PICKLE]) + pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def pickle_allowed(group: ProcessGroup) -> bool:
+    """Pickles are accepted from authenticated peers, or when the user opted in."""
+    if os.environ.get("AIODIST_ALLOW_PICKLE", "").strip() == "1":
+        return True
+    return getattr(group.transport, "secret", None) is not None
+
+
+def decode_object(payload: bytes | memoryview, *, src: int, allow_pickle: bool, what: str) -> Any:
+    """Decode one payload from global rank ``src``; refuse a pickle unless ``allow_pickle``.
+
+    Raises:
+        DistError: a refused pickle (never unpickled) or a malformed payload.
+    """
+    view = memoryview(payload)
+    if not view.nbytes:
+        raise DistError(f"{what}: rank {src} sent an empty object payload")
+    kind, body = view[0], view[1:]
+    if kind == _MSGPACK:
+        try:
+            return _unpack(body)
+        except DistError:
+            raise
+        except Exception as exc:
+            raise DistError(f"{what}: rank {src} sent a malformed msgpack object payload: {exc}") from exc
+    if kind == _PICKLE:
+        if not allow_pickle:
+            raise DistError(
+                f"{what}: rank {src} sent an object that is not plain data (it needs pickle), and pickled "
+                "payloads are accepted only from authenticated peers; set the same AIODIST_SECRET on every "
+                "rank, or AIODIST_ALLOW_PICKLE=1 if every peer is trusted. The payload was not unpickled."
+            )
+        return pickle.loads(body)
+    raise DistError(f"{what}: rank {src} sent an object payload of unknown kind {kind}")
+
+
+def _encode_all(objs: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(sizes as int64, all payloads concatenated as uint8)."""
+    payloads = [encode_object(o) for o in objs]
+    sizes = np.array([len(p) for p in payloads], dtype=np.int64)
+    data = np.frombuffer(b"".join(payloads), dtype=np.uint8) if payloads else np.empty(0, np.uint8)
+    return sizes, data
+
+
+def _decode_all(data: np.ndarray, sizes: np.ndarray, *, src: int, allow: bool, what: str) -> list[Any]:
+    out, start = [], 0
+    raw = bv(data)
+    for s in sizes.tolist():
+        out.append(decode_object(raw[start : start + s], src=src, allow_pickle=allow, what=what))
+        start += s
+    return out
+
+
+def _check_sizes(sizes: np.ndarray, src: int, what: str) -> None:
+    if sizes.size and int(sizes.min()) < 0:
+        raise DistError(f"{what}: rank {src} announced a negative object size")
+
+
+def _list_arg(obj: Any, arg: str) -> list[Any]:
+    if not isinstance(obj, list):
+        raise DistTypeError(f"{arg} must be a list, got {type(obj).__qualname__}")
+    return obj
+
+
+def _member(group: Any, what: str) -> ProcessGroup:
+    g = resolve_group(group)
+    g.check_usable(what)
+    return g
+
+
+def _offsets(sizes: list[int]) -> list[int]:
+    offs = [0]
+    for s in sizes:
+        offs.append(offs[-1] + s)
+    return offs
+
+
+def _start(g: ProcessGroup, name: str, count: int, root: int, coro_fn: Any, timeout: float | None) -> Work:
+    ctx = g.next_op(name, dtype="object", count=count, root=root)
+    coro: Coroutine[Any, Any, Any] = coro_fn(ctx)
+    return launch(g, ctx, coro, timeout)
+
+
+# -- collectives ----------------------------------------------------------------------------
+
+
+def broadcast_object_list(
+    object_list: list[Any], src: int = 0, group: Any = None, *, timeout: float | None = None
+) -> Work:
+    """Replace the items of ``object_list`` with those of global rank ``src``'s list (same length)."""
+    g = _member(group, "broadcast_object_list")
+    objs = _list_arg(object_list, "object_list")
+    root = g.group_rank(src, "src")
+    what = "broadcast_object_list"
+    allow = pickle_allowed(g)
+
+    async def run(ctx: Any) -> None:
+        if g.rank == root:
+            sizes, data = _encode_all(objs)
+        else:
+            sizes = np.zeros(len(objs), dtype=np.int64)
+        await _broadcast(ctx, sizes, root)
+        _check_sizes(sizes, src, what)
+        if g.rank != root:
+            data = np.empty(int(sizes.sum()), dtype=np.uint8)
+        await _broadcast(ctx, data, root)
+        if g.rank != root:
+            objs[:] = _decode_all(data, sizes, src=src, allow=allow, what=what)
+
+    return _start(g, what, len(objs), src, run, timeout)
+
+
+def all_gather_object(
+    object_list: list[Any], obj: Any, group: Any = None, *, timeout: float | None = None
+) -> Work:
+    """``object_list[i]`` = group rank i's ``obj`` (``object_list`` has one slot per member)."""
+    g = _member(group, "all_gather_object")
+    out = _list_arg(object_list, "object_list")
+    if len(out) != g.size:
+        raise DistValueError(f"object_list must have one slot per group member ({g.size}), got {len(out)}")
+    what = "all_gather_object"
+    allow = pickle_allowed(g)
+
+    async def run(ctx: Any) -> None:
+        mine = np.frombuffer(encode_object(obj), dtype=np.uint8)
+        sizes = np.zeros(g.size, dtype=np.int64)
+        await _allgather(ctx, [sizes[i : i + 1] for i in range(g.size)], np.array([mine.size], np.int64))
+        for i in range(g.size):
+            _check_sizes(sizes[i : i + 1], g.ranks[i], what)
+        offs = _offsets(sizes.tolist())
+        data = np.empty(offs[-1], dtype=np.uint8)
+        blocks = [data[offs[i] : offs[i + 1]] for i in range(g.size)]
+        await _allgather(ctx, blocks, mine)
+        for i in range(g.size):
+            raw = bv(blocks[i])
+            out[i] = decode_object(raw, src=g.ranks[i], allow_pickle=allow or i == g.rank, what=what)
+
+    return _start(g, what, g.size, -1, run, timeout)
+
+
+def gather_object(
+    obj: Any,
+    object_gather_list: list[Any] | None = None,
+    dst: int = 0,
+    group: Any = None,
+    *,
+    timeout: float | None = None,
+) -> Work:
+    """Collect every member's ``obj`` into ``object_gather_list`` on global rank ``dst``."""
+    g = _member(group, "gather_object")
+    root = g.group_rank(dst, "dst")
+    out: list[Any] | None = None
+    if g.rank == root:
+        if object_gather_list is None:
+            raise DistValueError("gather_object: object_gather_list is required on the destination rank")
+        out = _list_arg(object_gather_list, "object_gather_list")
+        if len(out) != g.size:
+            raise DistValueError(
+                f"object_gather_list must have one slot per group member ({g.size}), got {len(out)}"
+            )
+    what = "gather_object"
+    allow = pickle_allowed(g)
+
+    async def run(ctx: Any) -> None:
+        mine = np.frombuffer(encode_object(obj), dtype=np.uint8)
+        sizes = np.zeros(g.size, dtype=np.int64)
+        size_blocks = [sizes[i : i + 1] for i in range(g.size)] if out is not None else None
+        await _gather(ctx, np.array([mine.size], np.int64), size_blocks, root)
+        if out is None:
+            await _gather(ctx, mine, None, root, uniform=False)
+            return
+        for i in range(g.size):
+            _check_sizes(sizes[i : i + 1], g.ranks[i], what)
+        offs = _offsets(sizes.tolist())
+        data = np.empty(offs[-1], dtype=np.uint8)
+        blocks = [data[offs[i] : offs[i + 1]] for i in range(g.size)]
+        await _gather(ctx, mine, blocks, root, uniform=False)
+        for i in range(g.size):
+            raw = bv(blocks[i])
+            out[i] = decode_object(raw, src=g.ranks[i], allow_pickle=allow or i == g.rank, what=what)
+
+    return _start(g, what, 0, dst, run, timeout)
+
+
+def scatter_object_list(
+    scatter_object_output_list: list[Any],
+    scatter_object_input_list: list[Any] | None = None,
+    src: int = 0,
+    group: Any = None,
+    *,
+    timeout: float | None = None,
+) -> Work:
+    """``scatter_object_output_list[0]`` on member i = ``scatter_object_input_list[i]`` of global rank ``src``."""
+    g = _member(group, "scatter_object_list")
+    root = g.group_rank(src, "src")
+    out = _list_arg(scatter_object_output_list, "scatter_object_output_list")
+    if not out:
+        raise DistValueError("scatter_object_output_list must have at least one slot")
+    ins: list[Any] | None = None
+    if g.rank == root:
+        if scatter_object_input_list is None:
+            raise DistValueError(
+                "scatter_object_list: scatter_object_input_list is required on the source rank"
+            )
+        ins = _list_arg(scatter_object_input_list, "scatter_object_input_list")
+        if len(ins) != g.size:
+            raise DistValueError(
+                f"scatter_object_input_list must have one object per group member ({g.size}), got {len(ins)}"
+            )
+    what = "scatter_object_list"
+    allow = pickle_allowed(g)
+
+    async def run(ctx: Any) -> None:
+        size = np.zeros(1, dtype=np.int64)
+        if ins is not None:
+            sizes, data = _encode_all(ins)
+            offs = _offsets(sizes.tolist())
+            await _scatter(ctx, size, [sizes[i : i + 1] for i in range(g.size)], root)
+            blocks = [data[offs[i] : offs[i + 1]] for i in range(g.size)]
+            mine = np.empty(int(size[0]), dtype=np.uint8)
+            await _scatter(ctx, mine, blocks, root, uniform=False)
+        else:
+            await _scatter(ctx, size, None, root)
+            _check_sizes(size, src, what)
+            mine = np.empty(int(size[0]), dtype=np.uint8)
+            await _scatter(ctx, mine, None, root, uniform=False)
+        raw = bv(mine)
+        out[0] = decode_object(raw, src=src, allow_pickle=allow or ins is not None, what=what)
+
+    return _start(g, what, 0, src, run, timeout)
+
+
+# -- point-to-point -----------------------------------------------------------------------------
+
+
+def send_object_list(
+    object_list: list[Any], dst: int, group: Any = None, *, timeout: float | None = None
+) -> Work:
+    """Send the objects of ``object_list`` to global rank ``dst`` (which calls ``recv_object_list``
+    with a list of the same length). Both messages are queued at once, in call order."""
+    g = resolve_group(group)
+    objs = _list_arg(object_list, "object_list")
+    sizes, data = _encode_all(objs)
+    first = g.send(sizes, dst, tag=SIZES_TAG, timeout=timeout)
+    second = g.send(data, dst, tag=DATA_TAG, timeout=timeout)
+
+    async def run() -> None:
+        await first
+        await second
+
+    return g.start(f"send_object_list to rank {dst}", (g.gid, P2P, DATA_TAG), run(), timeout)
+
+
+def recv_object_list(
+    object_list: list[Any], src: int | None = None, group: Any = None, *, timeout: float | None = None
+) -> Work:
+    """Fill ``object_list`` with the objects a ``send_object_list`` of global rank ``src`` (None:
+    any member) sent; the Work's result is the sender's global rank."""
+    g = resolve_group(group)
+    objs = _list_arg(object_list, "object_list")
+    sizes = np.zeros(len(objs), dtype=np.int64)
+    first = g.recv(sizes, src, tag=SIZES_TAG, timeout=timeout)
+    allow = pickle_allowed(g)
+
+    async def run() -> int:
+        sender = int(await first)
+        _check_sizes(sizes, sender, "recv_object_list")
+        data = np.empty(int(sizes.sum()), dtype=np.uint8)
+        await g.recv(data, sender, tag=DATA_TAG, timeout=timeout)
+        objs[:] = _decode_all(data, sizes, src=sender, allow=allow, what="recv_object_list")
+        return sender
+
+    who = "any rank" if src is None else f"rank {src}"
+    return g.start(f"recv_object_list from {who}", (g.gid, P2P, DATA_TAG), run(), timeout)

@@ -1,0 +1,347 @@
+"""``aiodist-bench``: nccl-tests style tables for every operation, both faces, side by side with gloo.
+
+Usage::
+
+    aiodist-bench                              # 2 and 4 ranks, both faces, 4 B .. 64 MiB
+    aiodist-bench --compare gloo --json out.json --plot out.png
+    aiodist-bench -np 2 --faces async --ops all_reduce -b 1K -e 16M -f 2
+    aiodist-bench --from-json out.json --plot out.png   # re-render saved results
+
+Each job (one world size, one face) runs its ranks as processes on loopback. With
+``--compare gloo`` every rank also joins a torch.distributed gloo group, and each case is
+measured for both runtimes on the same buffers, the repetitions alternating between them, so
+that both see the same machine load. Columns follow nccl-tests: ``size`` (bytes of the
+larger buffer), ``count``, ``type``, ``redop``, ``root``, ``time`` (µs per call: the slowest
+rank, median over repetitions), ``algbw = size / time`` and ``busbw = algbw x factor``
+(all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all, gather, scatter (n-1)/n;
+broadcast, reduce, sendrecv 1), ``#wrong`` (elements that differ from the expected result,
+summed over ranks); ``speedup`` is gloo's time over aiodist's (the algbw ratio).
+The exit status is 1 when a job failed or a result was wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import os
+import platform
+import queue
+import secrets
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from aiodist._bench import cases, report
+from aiodist._bench.worker import JobConfig, worker_main
+from aiodist.testing.procs import free_port
+
+__all__ = ["main", "parse_size", "run_job"]
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``4``, ``64K``, ``1M``, ``2G`` (powers of 1024; a trailing ``B``/``iB`` is allowed)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B") or "0"
+    unit = t[-1] if t[-1] in _UNITS else ""
+    num = t[:-1] if unit else t
+    try:
+        return int(float(num) * _UNITS[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}") from None
+
+
+def _size_list(text: str) -> list[int]:
+    return [parse_size(x) for x in text.split(",") if x.strip()]
+
+
+def _sizes(args: argparse.Namespace) -> list[int]:
+    if args.sizes:
+        return sorted(set(args.sizes))
+    out, s = [], args.minbytes
+    while s <= args.maxbytes:
+        out.append(s)
+        s = s * args.stepfactor if args.stepfactor > 1 else s + max(1, args.stepbytes)
+    return out
+
+
+def _fmt_size(n: int) -> str:
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= f and n % f == 0:
+            return f"{n // f} {unit}"
+    return f"{n} B"
+
+
+def run_job(cfg: JobConfig, *, quiet: bool = False) -> dict[str, Any]:
+    """Run one job (``cfg.nprocs`` processes, one face) and return its results.
+
+    Rows are printed as they complete unless ``quiet``. On a failure the job's processes are
+    killed and the result has an ``error``.
+    """
+
+    def say(text: str) -> None:
+        if not quiet:
+            print(text, flush=True)
+
+    n = cfg.nprocs
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "AIODIST_SECRET": secrets.token_hex(16),
+        "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+    }
+    if cfg.compare and not cfg.gloo_port:
+        cfg = JobConfig(**{**cfg.__dict__, "gloo_port": free_port()})
+    procs = [ctx.Process(target=worker_main, args=(r, cfg, env, results), daemon=True) for r in range(n)]
+    impls = ["aiodist"] + (["gloo"] if cfg.compare else [])
+    job: dict[str, Any] = {
+        "face": cfg.face,
+        "nprocs": n,
+        "compare": "gloo" if cfg.compare else None,
+        "memory_bytes": cfg.memory_bytes,
+        "rows": [],
+        "latency": [],
+        "memory": {},
+    }
+    say(
+        f"\n# ===== aiodist {cfg.face} face, {n} ranks"
+        + (", side by side with torch gloo" if cfg.compare else "")
+        + f" ({cfg.repeat} alternating repetitions, float32, in place) ====="
+    )
+    for p in procs:
+        p.start()
+    pending: dict[tuple[str, str, int], dict[int, Any]] = {}
+    mem: dict[str, dict[int, int]] = {}
+    done: set[int] = set()
+    header_for: str | None = None
+    deadline = time.monotonic() + cfg.timeout
+    latency_left = len(cases.LATENCY) if cfg.latency else 0
+    t_start = time.monotonic()
+    try:
+        while len(done) < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the job did not finish within {cfg.timeout:.0f} s")
+            try:
+                item = results.get(timeout=0.2)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if not p.is_alive() and r not in done]
+                if dead and results.empty():
+                    time.sleep(0.5)
+                    if results.empty():
+                        raise RuntimeError(
+                            f"rank {dead[0]} died (exit code {procs[dead[0]].exitcode})"
+                        ) from None
+                continue
+            kind = item[0]
+            if kind == "error":
+                raise RuntimeError(f"rank {item[1]} failed: {item[2]}")
+            if kind == "done":
+                done.add(item[1])
+            elif kind == "memory":
+                _, rank, name, nbytes, added = item
+                mem.setdefault(name, {})[rank] = added
+                if all(len(v) == n for v in mem.values()) and len(mem) == len(impls):
+                    job["memory"] = {k: [v[r] for r in range(n)] for k, v in mem.items()}
+                    say(report.format_memory(job["memory"], nbytes))
+            elif kind in ("case", "latency"):
+                _, rank, op, nbytes, count, data = item
+                slot = pending.setdefault((kind, op, nbytes), {})
+                slot[rank] = (count, data)
+                if len(slot) < n:
+                    continue
+                del pending[(kind, op, nbytes)]
+                reports = [slot[r][1] for r in range(n)]
+                if kind == "latency":
+                    job["latency"].append(report.latency_row(op, nbytes, n, reports))
+                    latency_left -= 1
+                    if latency_left == 0:
+                        say(report.format_latency(job["latency"]))
+                    continue
+                row = report.aggregate(op, nbytes, slot[0][0], n, reports)
+                job["rows"].append(row)
+                if header_for != op:
+                    header_for = op
+                    say(report.format_table_header(op, impls))
+                say(report.format_table_row(row))
+    except (RuntimeError, KeyboardInterrupt) as exc:
+        job["error"] = str(exc)
+        say(f"# job failed: {exc}")
+    finally:
+        for p in procs:
+            p.join(timeout=10 if "error" not in job else 0.5)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    job["seconds"] = time.monotonic() - t_start
+    return job
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="aiodist-bench",
+        description="nccl-tests style benchmark of aiodist (async and sync faces), optionally against torch gloo.",
+    )
+    ap.add_argument(
+        "-np", "--nprocs", default="2,4", help="world sizes to run, comma separated (default 2,4)"
+    )
+    ap.add_argument("--faces", default="async,sync", help="async, sync or both (default async,sync)")
+    ap.add_argument(
+        "--ops",
+        default=",".join(cases.COLLECTIVES),
+        help=f"operations, comma separated (default all: {','.join(cases.COLLECTIVES)})",
+    )
+    ap.add_argument("-b", "--minbytes", type=parse_size, default=4, help="smallest size (default 4)")
+    ap.add_argument("-e", "--maxbytes", type=parse_size, default=64 << 20, help="largest size (default 64M)")
+    ap.add_argument("-f", "--stepfactor", type=int, default=4, help="multiply the size by this (default 4)")
+    ap.add_argument(
+        "-i", "--stepbytes", type=parse_size, default=0, help="or add this many bytes (with -f 1)"
+    )
+    ap.add_argument("--sizes", type=_size_list, default=None, help="explicit sizes, e.g. 4,64K,64M")
+    ap.add_argument(
+        "--compare",
+        choices=("gloo", "none"),
+        default="none",
+        help="measure torch's gloo backend in the same processes, alternating",
+    )
+    ap.add_argument(
+        "-r", "--repeat", type=int, default=3, help="alternating repetitions per case (default 3)"
+    )
+    ap.add_argument("-n", "--iters", type=int, default=0, help="calls per repetition (default: by size)")
+    ap.add_argument("-w", "--warmup", type=int, default=0, help="warm-up calls (default: by size)")
+    ap.add_argument("--no-latency", action="store_true", help="skip the latency rows")
+    ap.add_argument(
+        "--memory-bytes",
+        type=parse_size,
+        default=64 << 20,
+        help="size of the all_reduce of the memory check (0: skip; default 64M)",
+    )
+    ap.add_argument("--json", metavar="FILE", help="save every figure as JSON")
+    ap.add_argument("--plot", metavar="PNG", help="draw algbw vs size per operation (needs matplotlib)")
+    ap.add_argument("--from-json", metavar="FILE", help="do not run: print and plot a saved JSON file")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per job before it is killed")
+    return ap
+
+
+def _print_summary(jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    verdicts = report.targets(jobs)
+    text = report.format_targets(verdicts)
+    if text:
+        print("\n" + text, flush=True)
+    return verdicts
+
+
+def _replay(data: dict[str, Any]) -> None:
+    for job in data["jobs"]:
+        impls = ["aiodist"] + (["gloo"] if job.get("compare") else [])
+        print(f"\n# ===== aiodist {job['face']} face, {job['nprocs']} ranks =====")
+        if job.get("memory"):
+            print(report.format_memory(job["memory"], job.get("memory_bytes", 64 << 20)))
+        if job.get("latency"):
+            print(report.format_latency(job["latency"]))
+        last = None
+        for row in job["rows"]:
+            if row["op"] != last:
+                last = row["op"]
+                print(report.format_table_header(last, impls))
+            print(report.format_table_row(row))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            data = json.load(f)
+        _replay(data)
+        _print_summary(data["jobs"])
+        if args.plot:
+            report.plot(data["jobs"], args.plot, data.get("meta", {}).get("title", ""))
+            print(f"# plot written to {args.plot}")
+        return 0
+    ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
+    bad = [o for o in ops if o not in cases.COLLECTIVES]
+    if bad:
+        print(
+            f"aiodist-bench: unknown operation(s) {', '.join(bad)}; choose from {', '.join(cases.COLLECTIVES)}",
+            file=sys.stderr,
+        )
+        return 2
+    faces = [f.strip() for f in args.faces.split(",") if f.strip()]
+    if any(f not in ("async", "sync") for f in faces):
+        print("aiodist-bench: --faces takes async, sync or async,sync", file=sys.stderr)
+        return 2
+    compare = args.compare == "gloo"
+    if compare:
+        try:
+            import torch.distributed as td
+        except ImportError:
+            print("aiodist-bench: --compare gloo needs torch (pip install torch)", file=sys.stderr)
+            return 2
+        if not td.is_available() or not td.is_gloo_available():
+            print("aiodist-bench: this torch build has no gloo backend", file=sys.stderr)
+            return 2
+    sizes = tuple(_sizes(args))
+    nprocs = [int(x) for x in str(args.nprocs).split(",") if x.strip()]
+    started = datetime.datetime.now().astimezone()
+    print(
+        f"# aiodist-bench {started:%Y-%m-%d %H:%M %Z} on {platform.node()} ({os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}): sizes {_fmt_size(sizes[0]) if sizes else '-'}"
+        f" .. {_fmt_size(sizes[-1]) if sizes else '-'}, ops {', '.join(ops)}",
+        flush=True,
+    )
+    jobs = []
+    for n in nprocs:
+        for face in faces:
+            cfg = JobConfig(
+                face=face,
+                nprocs=n,
+                ops=ops,
+                sizes=sizes,
+                compare=compare,
+                repeat=max(1, args.repeat),
+                iters=args.iters,
+                warmup=args.warmup,
+                latency=not args.no_latency,
+                memory_bytes=args.memory_bytes,
+                timeout=args.timeout,
+            )
+            jobs.append(run_job(cfg))
+    verdicts = _print_summary(jobs)
+    failed = [j for j in jobs if "error" in j]
+    wrong = sum(res["wrong"] for j in jobs for r in j["rows"] for res in r["impls"].values())
+    meta: dict[str, Any] = {
+        "date": started.isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "argv": list(sys.argv[1:] if argv is None else argv),
+        "title": f"aiodist vs gloo, loopback, {os.cpu_count()} CPUs, {started:%Y-%m-%d}",
+    }
+    try:
+        import torch
+
+        meta["torch"] = torch.__version__
+    except ImportError:
+        pass
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "jobs": jobs, "targets": verdicts}, f, indent=1)
+        print(f"# results written to {args.json}")
+    if args.plot:
+        try:
+            report.plot(jobs, args.plot, str(meta["title"]))
+            print(f"# plot written to {args.plot}")
+        except ImportError:
+            print("# no plot: matplotlib is not installed (pip install 'aiodist[bench]')")
+    if wrong:
+        print(f"# {wrong} wrong elements in total", file=sys.stderr)
+    return 1 if failed or wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

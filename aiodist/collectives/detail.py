@@ -1,0 +1,110 @@
+"""``AIODIST_DEBUG=DETAIL``: an explicit all-rank agreement check before each collective.
+
+How it works: before the algorithm runs, every rank sends its operation's fingerprint
+(op, sequence number, dtype, count, root, reduce op) to every other member of the group,
+on the group's control channel under the operation's sequence number (so the check never
+mixes with data, and a check of one operation never with another's), and waits for
+everyone's. Every rank then holds the same table, so all of them reach the same verdict:
+ranks that disagree give a ``CollectiveMismatchError`` on every rank listing each rank's
+call; a rank that never arrives gives a ``DistTimeoutError`` naming it, shortly before the
+operation's own timeout. n(n-1) messages of ``_SLOT`` bytes: a debugging aid, not free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import msgpack
+
+from aiodist.collectives.context import OpContext
+from aiodist.errors import CollectiveMismatchError, DistTimeoutError
+from aiodist.transport.base import CTRL, describe_fingerprint
+
+__all__ = ["check_fingerprints", "detail_enabled"]
+
+_SLOT = 512  # bytes per encoded fingerprint (2-byte length, msgpack, zero padding)
+
+
+def detail_enabled() -> bool:
+    """True when ``AIODIST_DEBUG`` is ``DETAIL`` (read at each call, as torch reads its flag)."""
+    return os.environ.get("AIODIST_DEBUG", "").strip().upper() == "DETAIL"
+
+
+def _encode(fp: Any) -> memoryview:
+    raw = msgpack.packb(fp, use_bin_type=True)[: _SLOT - 2]
+    buf = bytearray(_SLOT)
+    buf[:2] = len(raw).to_bytes(2, "little")
+    buf[2 : 2 + len(raw)] = raw
+    return memoryview(buf)
+
+
+def _decode(buf: bytearray) -> Any:
+    n = int.from_bytes(buf[:2], "little")
+    try:
+        return msgpack.unpackb(bytes(buf[2 : 2 + n]), raw=False)
+    except Exception:  # a peer of another version: show what it sent rather than crash
+        return ["<undecodable fingerprint>"]
+
+
+async def check_fingerprints(ctx: OpContext, timeout: float | None, coro: Any = None) -> None:
+    """Exchange fingerprints with every member; raise unless all equal ours.
+
+    ``coro`` (the algorithm, not started yet) is closed when the check fails.
+
+    Raises:
+        CollectiveMismatchError: some rank called something else (the message lists all).
+        DistTimeoutError: some ranks did not reach this operation within ``timeout``.
+    """
+    try:
+        await _check(ctx, timeout)
+    except BaseException:
+        if coro is not None:
+            coro.close()
+        raise
+
+
+async def _check(ctx: OpContext, timeout: float | None) -> None:
+    n, r = ctx.size, ctx.rank
+    if n == 1:
+        return
+    key = (ctx.key[0], CTRL, ctx.key[2])
+    transport = ctx.transport
+    mine = _encode(ctx.fp)
+    bufs = {p: bytearray(_SLOT) for p in range(n) if p != r}
+    recvs = {p: transport.recv(ctx.ranks[p], key, memoryview(b)) for p, b in bufs.items()}
+    sends = [transport.send(ctx.ranks[p], key, mine) for p in bufs]
+    try:
+        _, pending = await asyncio.wait(list(recvs.values()), timeout=timeout)
+    except BaseException:
+        transport.abandon(key)
+        raise
+    name = describe_fingerprint(ctx.fp)
+    if pending:
+        transport.abandon(key)
+        missing = sorted(ctx.ranks[p] for p, f in recvs.items() if f in pending)
+        who = ("rank " if len(missing) == 1 else "ranks ") + ", ".join(map(str, missing))
+        raise DistTimeoutError(
+            f"DETAIL check of {name} on rank {ctx.ranks[r]}: {who} did not reach this collective "
+            f"within {timeout:g} s"
+        )
+    for f in recvs.values():
+        f.result()  # a lost peer raises here
+    for s in sends:
+        await s
+    table = {ctx.ranks[r]: list(ctx.fp or [])}
+    for p, b in bufs.items():
+        table[ctx.ranks[p]] = list(_decode(b))
+    if all(fp == table[ctx.ranks[r]] for fp in table.values()):
+        return
+    groups: dict[str, list[int]] = {}
+    for g, fp in sorted(table.items()):
+        groups.setdefault(describe_fingerprint(fp), []).append(g)
+    lines = "; ".join(
+        f"{'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, rs))}: {what}"
+        for what, rs in groups.items()
+    )
+    raise CollectiveMismatchError(
+        f"DETAIL check on rank {ctx.ranks[r]}: ranks called different collectives: {lines}"
+    )

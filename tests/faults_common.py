@@ -1,0 +1,35 @@
+"""Helpers shared by the tests/test_faults_*.py files (imported by spawned ranks too).
+
+``record(row, what, seconds)`` appends a measurement to the JSON-lines file named by
+``AIODIST_FAULT_TIMES`` (when set): that is how the README's fault table was measured::
+
+    AIODIST_FAULT_TIMES=/tmp/faults.jsonl .venv/bin/python -m pytest -q tests/test_faults_*.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+
+def record(row: int | str, what: str, seconds: float) -> None:
+    path = os.environ.get("AIODIST_FAULT_TIMES")
+    if not path:
+        return
+    line = json.dumps({"row": row, "what": what, "seconds": round(seconds, 4), "pid": os.getpid()})
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def mark(path: Path) -> None:
+    """Write the wall-clock time into ``path`` (a moment another process measures from)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(repr(time.time()))
+    tmp.rename(path)
+
+
+def since(path: Path) -> float:
+    """Seconds since the moment ``mark(path)`` recorded."""
+    return time.time() - float(path.read_text())
