@@ -17,7 +17,7 @@ from typing import Any
 
 from aiodist._world import resolve_group
 from aiodist.collectives.context import OpContext
-from aiodist.errors import DistError, DistNetworkError, DistTimeoutError, DistTypeError, DistValueError
+from aiodist.errors import DistNetworkError, DistTimeoutError, DistTypeError, DistValueError
 from aiodist.group import ProcessGroup
 from aiodist.work import Work
 
@@ -44,9 +44,11 @@ def _ranks_text(ranks: list[int]) -> str:
 
 
 async def _member(ctx: OpContext) -> None:
-    await ctx.send(0, memoryview(b""))
     answer = bytearray(_ACK_BYTES)
-    await ctx.recv(0, memoryview(answer))
+    verdict = ctx.recv(0, memoryview(answer))
+    if not verdict.done():  # else: rank 0 gave up on us before we arrived (and may be gone)
+        await ctx.send(0, memoryview(b""))
+    await verdict
     if answer[0] != _OK:
         text = bytes(answer[1:]).rstrip(b"\0").decode(errors="replace")
         cls = DistTimeoutError if answer[0] == _TIMED_OUT else DistNetworkError

@@ -92,7 +92,9 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
         peer = p.peer
         if p.group_peer is not None:
             if not 0 <= p.group_peer < g.size:
-                raise DistValueError(f"P2POp: group_peer={p.group_peer} is not a rank of {g.name} (size {g.size})")
+                raise DistValueError(
+                    f"P2POp: group_peer={p.group_peer} is not a rank of {g.name} (size {g.size})"
+                )
             peer = g.ranks[p.group_peer]
         if _direction(p.op) == "send":
             assert peer is not None  # checked in __post_init__

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -21,12 +22,16 @@ from .errors import DistTypeError, DistValueError
 from .ops import SUPPORTED_DTYPE_NAMES, dtype_from_name, dtype_name
 
 __all__ = [
+    "DeviceTensorError",
     "as_array",
     "as_arrays",
+    "check_tensor",
     "describe",
+    "device_of",
     "is_tensor_like",
     "is_torch_tensor",
     "numpy_dtype_for",
+    "to_torch",
     "torch_dtype_for",
 ]
 
@@ -51,6 +56,21 @@ def is_tensor_like(obj: object) -> bool:
 def _is_cuda(obj: Any) -> bool:
     """True for a torch CUDA tensor. The single hook for staging device memory through the host."""
     return bool(is_torch_tensor(obj) and obj.device.type == "cuda")
+
+
+class DeviceTensorError(DistValueError):
+    """A CUDA tensor reached code that only views host memory.
+
+    The operations of the async face catch it and stage the tensor through pinned host
+    buffers (``aiodist._staging``) when their group can; anywhere else it is the user's error.
+    """
+
+
+def device_of(obj: object) -> str:
+    """``"cpu"`` for a numpy array, the device of a torch tensor (``"cuda:0"``) otherwise."""
+    if is_torch_tensor(obj):
+        return str(cast(Any, obj).device)
+    return "cpu"
 
 
 def _torch_dtype_name(tensor: Any, arg: str) -> str:
@@ -93,8 +113,8 @@ def as_array(obj: object, *, arg: str, writable: bool) -> npt.NDArray[Any]:
         DistTypeError: not an array/tensor, unsupported dtype, sparse or otherwise non-strided
             tensor, or a tensor numpy cannot view.
         DistValueError: not contiguous, read-only while ``writable``, a tensor with a lazy
-            conjugate/negative bit, or on a device other than the CPU (CUDA needs staging, which
-            the backend does not provide yet).
+            conjugate/negative bit, or on a device other than the CPU (a CUDA tensor raises
+            ``DeviceTensorError``, which the operations turn into staging).
     """
     if isinstance(obj, np.ndarray):
         arr = _numpy_view(obj, arg, writable)
@@ -125,18 +145,25 @@ def _numpy_view(arr: npt.NDArray[Any], arg: str, writable: bool) -> npt.NDArray[
     return arr if type(arr) is np.ndarray else arr.view(np.ndarray)
 
 
-def _torch_view(tensor: Any, arg: str) -> npt.NDArray[Any]:
-    torch = sys.modules["torch"]
+def check_tensor(tensor: Any, *, arg: str) -> str:
+    """Check a torch tensor on any device as ``as_array`` would, without viewing its memory.
+
+    For the code that hands tensors to something other than numpy (a staging copy, a torch
+    engine). Returns the canonical dtype name.
+
+    Raises:
+        DistTypeError: not a tensor, unsupported dtype, or not dense.
+        DistValueError: not contiguous, or a lazy conjugate/negative bit.
+    """
+    if not is_torch_tensor(tensor):
+        raise _type_error(tensor, arg)
     name = _torch_dtype_name(tensor, arg)
-    if tensor.layout != torch.strided:
-        raise DistTypeError(f"{arg}: only dense (strided) tensors are supported, got layout {tensor.layout}")
-    if _is_cuda(tensor):
-        raise DistValueError(
-            f"{arg} is a CUDA tensor ({tensor.device}); staging CUDA tensors through host memory "
-            "needs backend support that is not available yet: move it to the CPU first"
-        )
-    if tensor.device.type != "cpu":
-        raise DistValueError(f"{arg} is on device {tensor.device}; only CPU tensors are supported")
+    _check_strided(tensor, arg)
+    _check_contiguous(tensor, arg)
+    return name
+
+
+def _check_contiguous(tensor: Any, arg: str) -> None:
     if not tensor.is_contiguous():
         raise DistValueError(
             f"{arg} must be contiguous (call .contiguous() first); "
@@ -147,6 +174,26 @@ def _torch_view(tensor: Any, arg: str) -> npt.NDArray[Any]:
         raise DistValueError(
             f"{arg} has a lazy conjugate or negative bit; call .resolve_conj() / .resolve_neg()"
         )
+
+
+def _check_strided(tensor: Any, arg: str) -> None:
+    if tensor.layout != sys.modules["torch"].strided:
+        raise DistTypeError(f"{arg}: only dense (strided) tensors are supported, got layout {tensor.layout}")
+
+
+def _torch_view(tensor: Any, arg: str) -> npt.NDArray[Any]:
+    torch = sys.modules["torch"]
+    name = _torch_dtype_name(tensor, arg)
+    _check_strided(tensor, arg)
+    if _is_cuda(tensor):
+        raise DeviceTensorError(
+            f"{arg} is a CUDA tensor ({tensor.device}); staging CUDA tensors through pinned host memory "
+            "is done only by the operations of a group from init_process_group (backend 'tcp'; "
+            "backend 'nccl' runs them natively): move it to the CPU first"
+        )
+    if tensor.device.type != "cpu":
+        raise DistValueError(f"{arg} is on device {tensor.device}; only CPU tensors are supported")
+    _check_contiguous(tensor, arg)
     t = tensor.detach()
     try:
         # torch cannot hand bfloat16 to numpy: view the same bytes as int16, then as ml_dtypes'.
@@ -157,6 +204,36 @@ def _torch_view(tensor: Any, arg: str) -> npt.NDArray[Any]:
             f"{arg}: cannot view {type(tensor).__qualname__} as a numpy array: {exc}"
         ) from exc
     return cast("npt.NDArray[Any]", arr)
+
+
+def to_torch(arr: npt.NDArray[Any]) -> Any:
+    """A torch CPU tensor sharing memory with the numpy array ``arr`` (bfloat16 included; imports torch).
+
+    Args:
+        arr: a C-contiguous numpy array of a supported dtype (``ml_dtypes.bfloat16`` too).
+
+    Returns:
+        A ``torch.Tensor`` of the same shape and dtype over the same bytes.
+    """
+    torch = importlib.import_module("torch")
+    if not arr.flags.writeable:
+        # torch warns about read-only arrays; an input view of a writable array can be re-flagged
+        # (aiodist never writes through an input), a truly read-only one is converted quietly.
+        try:
+            view = arr.view()
+            view.flags.writeable = True
+            arr = view
+        except ValueError:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return _from_numpy(torch, arr)
+    return _from_numpy(torch, arr)
+
+
+def _from_numpy(torch: Any, arr: npt.NDArray[Any]) -> Any:
+    if arr.dtype == _BFLOAT16:
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
 
 
 def as_arrays(objs: Sequence[object], *, arg: str, writable: bool) -> list[npt.NDArray[Any]]:

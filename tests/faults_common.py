@@ -33,3 +33,17 @@ def mark(path: Path) -> None:
 def since(path: Path) -> float:
     """Seconds since the moment ``mark(path)`` recorded."""
     return time.time() - float(path.read_text())
+
+
+class Trap:
+    """Unpickling this touches ``path``: proof that a payload was (or was not) unpickled."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[Path]]:
+        return (Path.touch, (Path(self.path),))
+
+
+def fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))

@@ -457,3 +457,27 @@ async def test_broadcast_coalesced_buckets_by_dtype_two_in_flight(monkeypatch: p
         for a, b in zip(got, expected, strict=True):
             assert torch.equal(a, b)
     assert peak == {0: 2, 1: 2, 2: 2}  # 4 buckets (float32 x 3, int64, float64), two at a time
+
+
+def test_public_names_and_torch_stays_lazy() -> None:
+    import subprocess
+    import sys
+
+    import aiodist.parallel as parallel
+
+    assert sorted(parallel.__all__) == [
+        "DEFAULT_FIRST_BUCKET_BYTES",
+        "DistributedDataParallel",
+        "GradBucket",
+        "GradBucketer",
+        "TensorSpec",
+        "bucket_size_limits",
+        "compute_bucket_assignment_by_size",
+        "ddp_buckets",
+        "hooks",
+        "reverse_order_buckets",
+    ]
+    for name in parallel.__all__:
+        assert getattr(parallel, name) is not None
+    code = "import sys, aiodist.parallel; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -114,7 +114,11 @@ def same_record(a: str, b: str) -> bool:
 
 def test_record_parsing() -> None:
     out = "[rank 1]: Rank 1 scatter: [1.5, 1.5]Rank 2 scatter: [2.5]\n\nRank 0, epoch 0: loss 1.0\nnoise\n"
-    assert records(out) == ["Rank 0, epoch 0: loss 1.0", "Rank 1 scatter: [1.5, 1.5]", "Rank 2 scatter: [2.5]"]
+    assert records(out) == [
+        "Rank 0, epoch 0: loss 1.0",
+        "Rank 1 scatter: [1.5, 1.5]",
+        "Rank 2 scatter: [2.5]",
+    ]
     assert same_record("loss 1.0000001", "loss 1.0000002") and not same_record("loss 1.0", "loss 1.1")
 
 
@@ -135,7 +139,9 @@ def _check_semantics(name: str, recs: list[str]) -> None:
     """What the example is about, beyond agreeing with torch."""
     text = "\n".join(recs)
     if name in ("p2p_blocking", "p2p_nonblocking"):
-        assert re.search(r"Rank\s+3\s+has data\s+1\.0", text) and re.search(r"Rank\s+1\s+has data\s+0\.0", text)
+        assert re.search(r"Rank\s+3\s+has data\s+1\.0", text) and re.search(
+            r"Rank\s+1\s+has data\s+0\.0", text
+        )
     elif name == "allreduce_group":  # members sum, non-members are skipped
         assert [r.split()[-1] for r in recs] == ["2.0", "2.0", "1.0", "1.0"]
     elif name == "ring_allreduce":

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(90)
 LONG_TIMEOUT = 60.0  # every group timeout here: a failure that comes at the timeout is a failure
 
 
-async def _kill_during_all_reduce(rank: int, size: int, out: str) -> Any:
+async def _kill_during_all_reduce(rank: int, size: int, out: str, port2: int) -> Any:
     marker = Path(out, "killed")
     await dist.init_process_group("tcp", "env://", timeout=LONG_TIMEOUT)
     t = np.ones(1 << 20, np.float32)  # 4 MiB
@@ -54,9 +54,10 @@ async def _kill_during_all_reduce(rank: int, size: int, out: str) -> Any:
     except dist.DistNetworkError as exc:
         result.update(next_took=time.monotonic() - t0, next_msg=str(exc))
     await dist.destroy_process_group()
-    # destroy + init again, among the survivors
+    # destroy + init again, among the survivors (on a new port: the old store may still be
+    # up for a moment, until rank 0 has destroyed its group)
     new_rank = {0: 0, 1: 1, 3: 2}[rank]
-    os.environ.update(RANK=str(new_rank), WORLD_SIZE="3")
+    os.environ.update(RANK=str(new_rank), WORLD_SIZE="3", MASTER_PORT=str(port2))
     await dist.init_process_group("tcp", "env://", timeout=30)
     x = np.full(8, new_rank + 1, np.int64)
     await dist.all_reduce(x)
@@ -66,7 +67,7 @@ async def _kill_during_all_reduce(rank: int, size: int, out: str) -> Any:
 
 
 def test_rank_killed_during_all_reduce(tmp_path: Path) -> None:
-    res = spawn(_kill_during_all_reduce, 4, args=(str(tmp_path),), expect_failure=[2], timeout=80)
+    res = spawn(_kill_during_all_reduce, 4, args=(str(tmp_path), free_port()), expect_failure=[2], timeout=80)
     for rank in (0, 1, 3):
         r = res[rank]
         assert r["iteration"] == 10, r

@@ -182,7 +182,7 @@ def test_monitored_barrier_names_absent_and_dead_ranks() -> None:
     assert kind == "DistTimeoutError"
     assert T - 0.05 <= took <= T + 1.5, took  # FAULTS #10: after T
     record(10, "monitored_barrier(wait_all_ranks) on rank 0 names ranks 1, 2", took)
-    msg3, took3, _ = res[3]["all"]
+    msg3, _, _ = res[3]["all"]
     assert "ranks 1, 2 failed to pass monitored_barrier" in msg3 and "rank 0" in msg3, msg3
     msg, took, kind = res[0]["first"]
     assert "rank 2 failed to pass monitored_barrier" in msg and kind == "DistNetworkError", msg

@@ -9,6 +9,7 @@ cross-job, a misbehaving authenticated peer), 23 (bounded unexpected memory), 25
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -208,13 +209,12 @@ async def test_wrong_secret_is_refused_and_nothing_it_sent_is_decoded(
     # 1. a transport with another secret cannot connect: DistError on its side
     rogue = TcpTransport(1, 3, job=JOB, secret=b"wrong")
     t0 = time.monotonic()
-    with pytest.raises(DistError, match="refused|authentication"):
+    with pytest.raises(DistError, match=r"refused|authentication"):
         await rogue.connect(0, "127.0.0.1", mesh2[0].port, 5.0)
     assert time.monotonic() - t0 < 1.0
     rogue.abort()
     # 2. a raw client sends its (wrong) hello and a data frame right behind it
     reader, writer = await asyncio.open_connection("127.0.0.1", mesh2[0].port)
-    fr = FrameReader(lambda h, n: None, lambda h, p: None)
     got: list[Any] = []
     fr = FrameReader(lambda h, n: None, lambda h, p: got.append(h))
     while not got:
@@ -234,7 +234,7 @@ async def test_wrong_secret_is_refused_and_nothing_it_sent_is_decoded(
 
 async def test_replayed_handshake_is_refused(mesh2: list[TcpTransport]) -> None:
     # Record a genuine hello (to a fresh challenge), then replay it on another connection.
-    reader, writer, recorded, answer = await raw_peer(mesh2[0].port, 1)
+    _, writer, recorded, answer = await raw_peer(mesh2[0].port, 1)
     assert (
         answer[0] == "refused" and "already connected" in answer[1]
     )  # rank 1 is taken, but it was authentic
@@ -398,10 +398,8 @@ async def test_cancelled_waiters_leave_operations_and_the_stream_intact(mesh2: l
     await asyncio.sleep(0)
     assert all(task.cancelled() for task in waiters)
     for w in works:
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(w, 0.0001)  # a timed-out wait_for cancels its waiter too
-        except TimeoutError:
-            pass
     for w in works:
         assert await w == 1  # awaiting again returns the operation's result
     await asyncio.gather(*sends)

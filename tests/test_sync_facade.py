@@ -90,7 +90,9 @@ def test_signatures_match_torch() -> None:
 
 def test_every_torch_function_is_provided_or_pinned() -> None:
     names = [n for n in dir(tdist) if n[0].islower() and n != "reduce_op"]  # reduce_op: a deprecated class
-    torch_functions = {n for n in names if callable(getattr(tdist, n)) and not isinstance(getattr(tdist, n), type)}
+    torch_functions = {
+        n for n in names if callable(getattr(tdist, n)) and not isinstance(getattr(tdist, n), type)
+    }
     missing = {n for n in torch_functions if not hasattr(dist, n)}
     # monitored_barrier is provided once the collectives side exports it
     assert missing - {"monitored_barrier"} == KNOWN_MISSING
@@ -176,7 +178,9 @@ def test_loop_thread_calls() -> None:
 
     assert lt.call_until_done(later) == "done"
     results: list[Any] = []
-    threads = [threading.Thread(target=lambda i=i: results.append((i, lt.call(lambda: i * i)))) for i in range(8)]
+    threads = [
+        threading.Thread(target=lambda i=i: results.append((i, lt.call(lambda: i * i)))) for i in range(8)
+    ]
     for th in threads:
         th.start()
     for th in threads:
@@ -443,7 +447,9 @@ def _groups_job(rank: int, size: int, backend: str) -> dict[str, Any]:
     # subgroups
     cur, subs = d.new_subgroups_by_enumeration([[0, 1], [2]])
     out["subgroups"] = (d.get_world_size(cur), [d.get_world_size(s) for s in subs])
-    out["barrier timeout"] = _outcome(lambda: d.barrier(group=d.group.WORLD, timeout=datetime.timedelta(seconds=30)))
+    out["barrier timeout"] = _outcome(
+        lambda: d.barrier(group=d.group.WORLD, timeout=datetime.timedelta(seconds=30))
+    )
     d.barrier()
     d.destroy_process_group()
     out["after destroy"] = d.is_initialized()

@@ -4,7 +4,7 @@
 
 Each rank runs both implementations in one process on the same model (by default six 2048x2048
 linear layers: 25.2M parameters, 100 MB of float32 gradients) and measures, as medians over the
-timed steps (ranks aligned by a barrier before each):
+timed steps (``--stat min``: minimum; ranks aligned by a barrier before each):
 
 - ``step``: forward + backward through DDP, until every ``param.grad`` holds the average;
 - ``compute``: the same forward + backward under ``no_sync()`` (no communication);
@@ -78,11 +78,11 @@ class _Impl:
             w.wait()
 
 
-def _measure(rank: int, cfg: dict[str, Any]) -> dict[str, dict[str, float]]:
+def _measure(rank: int, cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Time each action of each implementation, interleaving the implementations step by step
     so that both see the same background load."""
     impls = {name: _Impl(name, rank, cfg) for name in cfg["impls"]}
-    out: dict[str, dict[str, float]] = {name: {} for name in impls}
+    out: dict[str, dict[str, Any]] = {name: {} for name in impls}
     for action in ("step", "compute", "comm"):
         times: dict[str, list[float]] = {name: [] for name in impls}
         for i in range(cfg["warmup"] + cfg["steps"]):
@@ -93,11 +93,19 @@ def _measure(rank: int, cfg: dict[str, Any]) -> dict[str, dict[str, float]]:
                 if i >= cfg["warmup"]:
                     times[name].append(time.perf_counter() - start)
         for name in impls:
-            out[name][action] = statistics.median(times[name]) * 1000.0
+            pick = min if cfg.get("stat") == "min" else statistics.median
+            out[name][action] = pick(times[name]) * 1000.0
+        if action == "step" and "aiodist" in impls:
+            # When, within its last backward, each bucket's all_reduce started (ms from the first hook).
+            tl = impls["aiodist"].ddp.reducer.timeline
+            t0 = tl["first_hook"]
+            out["aiodist"]["bucket_starts"] = [round((t - t0) * 1000.0, 1) for t in tl["bucket_starts"]]
+            out["aiodist"]["backward_end"] = round((tl["backward_end"] - t0) * 1000.0, 1)
+            out["aiodist"]["grads_ready"] = round((tl["grads_ready"] - t0) * 1000.0, 1)
     return out
 
 
-def _job(rank: int, world_size: int, torch_port: int, cfg: dict[str, Any]) -> dict[str, dict[str, float]]:
+def _job(rank: int, world_size: int, torch_port: int, cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
     import torch
     import torch.distributed as tdist
 
@@ -125,6 +133,7 @@ def run(
     threads: int | None = None,
     impls: Sequence[str] = ("torch", "aiodist"),
     timeout: float = 900.0,
+    stat: str = "median",
 ) -> dict[str, Any]:
     """Run the benchmark in ``world_size`` local processes; returns rank 0's figures and the setup."""
     from aiodist.testing import free_port, spawn
@@ -139,6 +148,7 @@ def run(
         "steps": steps,
         "threads": threads,
         "impls": list(impls),
+        "stat": stat,
     }
     results = spawn(
         _job, world_size, args=(free_port(), cfg), timeout=timeout, env={"OMP_NUM_THREADS": str(threads)}
@@ -147,7 +157,10 @@ def run(
     figures = {}
     for impl in impls:
         # A step is as slow as its slowest rank.
-        row = {k: max(r[impl][k] for r in results) for k in ("step", "compute", "comm")}
+        row: dict[str, Any] = {k: max(r[impl][k] for r in results) for k in ("step", "compute", "comm")}
+        for k in ("bucket_starts", "backward_end", "grads_ready"):
+            if k in results[0][impl]:
+                row[k] = results[0][impl][k]
         row["exposed"] = max(0.0, row["step"] - row["compute"])
         row["hidden"] = min(1.0, max(0.0, 1.0 - row["exposed"] / row["comm"])) if row["comm"] > 0 else 0.0
         figures[impl] = row
@@ -159,13 +172,21 @@ def format_table(report: dict[str, Any]) -> str:
     lines = [
         f"DDP step: {cfg['params'] / 1e6:.1f}M float32 parameters ({cfg['params'] * 4 / 2**20:.0f} MiB of "
         f"gradients), {cfg['world_size']} ranks, batch {cfg['batch']}, {cfg['threads']} torch thread(s) per rank, "
-        f"median of {cfg['steps']} steps",
+        f"{cfg['stat']} of {cfg['steps']} steps",
         f"{'impl':<10}{'step ms':>10}{'compute ms':>12}{'comm ms':>10}{'exposed ms':>12}{'hidden':>9}",
     ]
     for impl, row in res.items():
         lines.append(
             f"{impl:<10}{row['step']:>10.1f}{row['compute']:>12.1f}{row['comm']:>10.1f}"
             f"{row['exposed']:>12.1f}{row['hidden'] * 100:>8.0f}%"
+        )
+    if "bucket_starts" in res.get("aiodist", {}):
+        row = res["aiodist"]
+        starts = ", ".join(f"{t:g}" for t in row["bucket_starts"])
+        lines.append(
+            f"aiodist, rank 0, last step: bucket all_reduces started at {starts} ms after the first "
+            f"gradient hook; backward ended at {row['backward_end']:g} ms, averaged grads ready at "
+            f"{row['grads_ready']:g} ms"
         )
     if "torch" in res and "aiodist" in res:
         lines.append(f"step time aiodist / torch: {res['aiodist']['step'] / res['torch']['step']:.2f}x")
@@ -186,11 +207,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--threads", type=int, default=None, help="torch threads per rank (default: cores / ranks)"
     )
     parser.add_argument("--impl", choices=["both", "torch", "aiodist"], default="both")
+    parser.add_argument(
+        "--stat", choices=["median", "min"], default="median", help="min is steadier on a loaded machine"
+    )
     parser.add_argument("--json", metavar="FILE", help="also save the figures as JSON")
     args = parser.parse_args(argv)
     impls = ("torch", "aiodist") if args.impl == "both" else (args.impl,)
     report = run(
-        args.world_size, args.layers, args.width, args.batch, args.warmup, args.steps, args.threads, impls
+        args.world_size,
+        args.layers,
+        args.width,
+        args.batch,
+        args.warmup,
+        args.steps,
+        args.threads,
+        impls,
+        stat=args.stat,
     )
     print(format_table(report))
     if args.json:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -221,6 +222,9 @@ class Reducer:
         self._finalize_queued = False
         self._used_future: Any = None
         self._used_tensor: Any = None
+        self.timeline: dict[str, Any] = {}
+        """Of the last synchronised backward (``time.perf_counter`` seconds): ``first_hook``,
+        ``bucket_starts`` (one per bucket, in order), ``backward_end`` and ``grads_ready``."""
         ref = weakref.ref(self)
         self._handles = [
             p.register_post_accumulate_grad_hook(_make_hook(ref, i)) for i, p in enumerate(self._params)
@@ -269,6 +273,7 @@ class Reducer:
             return  # a backward under no_sync(), or a second backward of one forward
         if not self._finalize_queued:
             self._finalize_queued = True
+            self.timeline = {"first_hook": time.perf_counter(), "bucket_starts": []}
             _queue_engine_callback(self._finalize)
             for i in self._unused:
                 self._mark_ready(i)
@@ -312,6 +317,7 @@ class Reducer:
         while self._next_bucket < len(buckets) and buckets[self._next_bucket].pending == 0:
             bucket = buckets[self._next_bucket]
             self._next_bucket += 1
+            self.timeline["bucket_starts"].append(time.perf_counter())
             if self._hook is None:
                 bucket.future = _comm.all_reduce_future(bucket.flat, self._group)
             else:
@@ -331,6 +337,7 @@ class Reducer:
     def _finalize(self) -> None:
         """End of backward (autograd engine callback): wait for every bucket, write the grads."""
         self._expect_hooks = False
+        self.timeline["backward_end"] = time.perf_counter()
         if self._next_bucket < len(self._buckets):
             missing = [i for i, ready in enumerate(self._ready) if not ready]
             names = ", ".join(repr(self._names[i]) for i in missing)
@@ -363,6 +370,7 @@ class Reducer:
                     else:
                         param.grad.copy_(view)
                 bucket.future = None
+        self.timeline["grads_ready"] = time.perf_counter()
 
 
 def _make_hook(ref: weakref.ref[Reducer], index: int) -> Callable[[Any], None]:

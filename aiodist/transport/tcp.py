@@ -70,6 +70,18 @@ _DATA_SCRATCH = 256 * 1024
 # How long aclose() waits for peers to close their side after our goodbye.
 LEAVE_TIMEOUT = 2.0
 
+# An unexpected payload this large is not read into a buffer of its own at once: reading from
+# its peer pauses for a moment (``_park_delay``) in case its receive is about to be posted (the
+# usual case: the sender is one call ahead), so that it lands straight in the receive's buffer
+# instead of being allocated, read and copied. Measured: a 2-rank 64 MiB broadcast loop spent
+# 42 ms of CPU per call on the receiver that way, 11 ms parked.
+_PARK_BYTES = 256 * 1024
+
+
+def _park_delay(nbytes: int) -> float:
+    """How long a large unexpected payload waits unread: about what holding it would cost."""
+    return min(0.05, max(0.005, nbytes / 1e9))
+
 
 def _fmt_bytes(n: int) -> str:
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -117,6 +129,8 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self._target: PendingRecv | object | None = None
         self._reserved = 0  # bytes of an unexpected payload being read (counted against the cap)
         self._deferred_bytes = 0  # size of the message we stopped reading at (0: not paused)
+        self._park_timer: asyncio.TimerHandle | None = None  # a large unexpected payload waits
+        self._park_expired = False
         self.closed: asyncio.Future[None] = owner.loop.create_future()
         self.refuse = ""  # set by the listener: drop this connection as soon as it is made
         self._key: Key = (0, 0, 0)
@@ -166,6 +180,7 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         if self._deadline is not None:
             self._deadline.cancel()
         self._release_reservation()
+        self._stop_parking()
         self.owner._deferred.discard(self)
         if not self.closed.done():
             self.closed.set_result(None)
@@ -235,6 +250,10 @@ class _PeerProtocol(asyncio.BufferedProtocol):
                 if self.transport is not None:
                     self.transport.pause_reading()
                 return cast(memoryview, PAUSE)
+            if target is None and nbytes >= _PARK_BYTES and self._park(nbytes):
+                return cast(memoryview, PAUSE)
+            if self._park_timer is not None:
+                self._stop_parking()
             self._deferred_bytes = 0
             self._target = target
             if isinstance(target, PendingRecv):
@@ -276,6 +295,34 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         elif target is None:
             self._release_reservation()
             self.owner.mailbox.deliver(self.peer, self._key, self._fp, payload, owned=True)
+
+    def _park(self, nbytes: int) -> bool:
+        """Leave a large unexpected payload unread until its receive is posted, for a moment.
+
+        Returns False when the moment has passed (the payload is then read and held).
+        """
+        if self._park_expired:
+            self._park_expired = False
+            return False
+        if self._park_timer is None:
+            self._park_timer = self.owner.loop.call_later(_park_delay(nbytes), self._park_over)
+        self._deferred_bytes = 0  # parked, not held back by the cap
+        self.owner._deferred.add(self)
+        if self.transport is not None:
+            self.transport.pause_reading()
+        return True
+
+    def _park_over(self) -> None:
+        self._park_timer = None
+        self._park_expired = True
+        self.owner._deferred.add(self)
+        self.owner._schedule_retry()
+
+    def _stop_parking(self) -> None:
+        if self._park_timer is not None:
+            self._park_timer.cancel()
+            self._park_timer = None
+        self._park_expired = False
 
     def _release_reservation(self) -> None:
         if self._reserved:
@@ -507,10 +554,11 @@ class TcpTransport(Transport):
         self._schedule_retry()  # a paused message may belong to the abandoned operation
 
     def stall_note(self) -> str:
-        if not self._deferred:
+        capped = [p for p in self._deferred if p._deferred_bytes]  # not those merely parked
+        if not capped:
             return ""
-        ranks = sorted(p.peer for p in self._deferred)
-        biggest = max(p._deferred_bytes for p in self._deferred)
+        ranks = sorted(p.peer for p in capped)
+        biggest = max(p._deferred_bytes for p in capped)
         held = self.mailbox.unexpected_bytes + self._incoming
         return (
             f"; reading from rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} is paused: "

@@ -1,0 +1,73 @@
+"""Launcher faults beyond tests/test_launcher.py (FAULTS.md row 21: the port is reusable at once).
+
+Rows 19 and 20 (a failing worker: summary, SIGTERM then SIGKILL, no orphans; a SIGKILLed
+worker restarted once with the restart count in its environment) are covered by
+tests/test_launcher.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from faults_common import record
+
+from aiodist.testing import free_port
+
+pytestmark = pytest.mark.timeout(60)
+
+REPO = Path(__file__).resolve().parents[1]
+JOB = REPO / "tests" / "launcher_scripts" / "faults_job.py"
+
+
+def _env(out: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("AIODIST_SECRET", "RANK", "WORLD_SIZE")}
+    env["OUT_DIR"] = str(out)
+    return env
+
+
+def _wait_for(paths: list[Path], proc: subprocess.Popen[str], within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while not all(p.exists() for p in paths):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"workers never wrote {paths}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signalled_launcher_frees_the_port_at_once(tmp_path: Path, signum: signal.Signals) -> None:
+    port = free_port()
+    args = ["--nproc-per-node", "2", "--master-port", str(port), "--master-addr", "127.0.0.1"]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "aiodist.run", *args, str(JOB)],
+        cwd=REPO,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for([tmp_path / "ready_0", tmp_path / "ready_1"], first)  # rank 0 hosts the store on `port`
+        first.send_signal(signum)
+        first.communicate(timeout=20)
+    finally:
+        first.kill()
+    assert first.returncode == 128 + signum
+    # at once: a new job on the same port (its rank 0 binds it again)
+    t0 = time.monotonic()
+    second = subprocess.run(
+        [sys.executable, "-m", "aiodist.run", *args, str(JOB), "--steps", "10"],
+        cwd=REPO,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=40,
+    )
+    assert second.returncode == 0, second.stderr
+    assert "[rank 0]: rank 0 of 2 finished 10 steps" in second.stdout.splitlines()
+    record(21, "a new job on the same port right after the launcher's exit", time.monotonic() - t0)
