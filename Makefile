@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 BENCH_OUT := build/bench
 
-.PHONY: install demo test test-fast bench lint typecheck clean
+.PHONY: install demo test test-fast test-gpu bench lint typecheck clean
 
 install: $(STAMP)
 
@@ -27,6 +27,11 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
+
+# The staging and NCCL tests, for a machine with GPUs; elsewhere the CUDA ones skip, saying why.
+test-gpu: install
+	@$(PY) -c "import torch; n = torch.cuda.device_count() if torch.cuda.is_available() else 0; print(f'test-gpu: {n} CUDA device(s) (torch {torch.__version__})' if n else f'test-gpu: no CUDA device (torch {torch.__version__}): the GPU tests will be skipped')"
+	$(PY) -m pytest -q -rs tests/test_cuda.py tests/test_staging.py tests/test_engine.py
 
 # The bench extra (matplotlib, for the plot) on top of what `install` put in.
 $(BENCH_STAMP): $(STAMP)

@@ -19,7 +19,9 @@ from __future__ import annotations
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from aiodist import _tensors
+from aiodist import _staging, _tensors
+from aiodist._dispatch import routed
+from aiodist._staging import IN, INOUT, OUT
 from aiodist._world import resolve_group
 from aiodist.collectives.allgather import allgather as _allgather
 from aiodist.collectives.allreduce import allreduce as _allreduce
@@ -68,6 +70,7 @@ def launch(
     raised by every rank from the same table of fingerprints (no rank's failure notice can
     overtake another rank's own verdict) and the algorithm never starts.
     """
+    coro = _staging.gated(coro)  # a staged call's inputs reach host memory first
     if not detail_enabled():
         return group.collective(ctx, coro, timeout)
     t = group.timeout if timeout is None else timeout
@@ -134,6 +137,7 @@ def _split(arr: Array, n: int) -> list[Array]:
 # -- tensor collectives ------------------------------------------------------------------------
 
 
+@routed(tensor=INOUT)
 def broadcast(tensor: Any, src: int, group: Any = None, *, timeout: float | None = None) -> Work:
     """Copy global rank ``src``'s ``tensor`` into ``tensor`` on every member of ``group``.
 
@@ -148,6 +152,7 @@ def broadcast(tensor: Any, src: int, group: Any = None, *, timeout: float | None
     return launch(g, ctx, _broadcast(ctx, arr, root), timeout)
 
 
+@routed(tensor=INOUT)
 def all_reduce(
     tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -163,6 +168,7 @@ def all_reduce(
     return launch(g, ctx, _allreduce(ctx, arr, rop), timeout)
 
 
+@routed(tensor=INOUT)
 def reduce(
     tensor: Any, dst: int, op: Any = ReduceOp.SUM, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -175,6 +181,7 @@ def reduce(
     return launch(g, ctx, _reduce(ctx, arr, rop, root), timeout)
 
 
+@routed(tensor_list=OUT, tensor=IN)
 def all_gather(tensor_list: Any, tensor: Any, group: Any = None, *, timeout: float | None = None) -> Work:
     """``tensor_list[i]`` = group rank i's ``tensor``, on every member."""
     g = _member(group, "all_gather")
@@ -184,6 +191,7 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None, *, timeout: flo
     return launch(g, ctx, _allgather(ctx, outs, inp), timeout)
 
 
+@routed(output_tensor=OUT, input_tensor=IN)
 def all_gather_into_tensor(
     output_tensor: Any, input_tensor: Any, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -204,6 +212,7 @@ def all_gather_into_tensor(
 all_gather_single = all_gather_into_tensor
 
 
+@routed(tensor=IN, gather_list=OUT)
 def gather(
     tensor: Any, gather_list: Any = None, dst: int = 0, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -225,6 +234,7 @@ def gather(
     return launch(g, ctx, _gather(ctx, inp, outs, root), timeout)
 
 
+@routed(tensor=OUT, scatter_list=IN)
 def scatter(
     tensor: Any, scatter_list: Any = None, src: int = 0, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -246,6 +256,7 @@ def scatter(
     return launch(g, ctx, _scatter(ctx, out, ins, root), timeout)
 
 
+@routed(output=OUT, input_list=IN)
 def reduce_scatter(
     output: Any, input_list: Any, op: Any = ReduceOp.SUM, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -258,6 +269,7 @@ def reduce_scatter(
     return launch(g, ctx, _reduce_scatter(ctx, out, ins, rop), timeout)
 
 
+@routed(output=OUT, input=IN)
 def reduce_scatter_tensor(
     output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -278,6 +290,7 @@ def reduce_scatter_tensor(
 reduce_scatter_single = reduce_scatter_tensor
 
 
+@routed(output_tensor_list=OUT, input_tensor_list=IN)
 def all_to_all(
     output_tensor_list: Any, input_tensor_list: Any, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -345,6 +358,7 @@ def _cut(arr: Array, splits: list[int], per_row: int) -> list[Array]:
     return blocks
 
 
+@routed(output=OUT, input=IN)
 def all_to_all_single(
     output: Any,
     input: Any,

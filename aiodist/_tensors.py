@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+_PLAIN_DTYPES = frozenset(dtype_from_name(name) for name in SUPPORTED_DTYPE_NAMES)
 
 
 def is_torch_tensor(obj: object) -> bool:
@@ -116,6 +117,15 @@ def as_array(obj: object, *, arg: str, writable: bool) -> npt.NDArray[Any]:
             conjugate/negative bit, or on a device other than the CPU (a CUDA tensor raises
             ``DeviceTensorError``, which the operations turn into staging).
     """
+    if type(obj) is np.ndarray and obj.dtype in _PLAIN_DTYPES:
+        # Fast path (every message passes here): a plain array of a supported dtype needs
+        # only the contiguity and writability checks of _numpy_view.
+        flags = obj.flags
+        if flags.c_contiguous and (flags.writeable or not writable):
+            flat = obj.reshape(-1)
+            if not writable:
+                flat.flags.writeable = False
+            return flat
     if isinstance(obj, np.ndarray):
         arr = _numpy_view(obj, arg, writable)
     elif is_torch_tensor(obj):

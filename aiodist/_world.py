@@ -14,7 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiodist import _loop_thread
+from aiodist import _engine, _loop_thread
+from aiodist._staging import CudaStager, Stager
 from aiodist.errors import DistError, DistTimeoutError, DistTypeError, DistValueError
 from aiodist.group import ProcessGroup
 from aiodist.rendezvous import is_loopback, local_address_towards, resolve_rendezvous
@@ -32,13 +33,16 @@ __all__ = [
     "is_initialized",
     "new_group",
     "resolve_group",
+    "set_stager",
     "world",
     "WORLD",
 ]
 
 log = logging.getLogger("aiodist")
 
-BACKENDS = {"tcp": "tcp", "gloo": "tcp", "nccl": "nccl"}
+# Backend names -> what runs them: aiodist's own transport ("tcp", which stages CUDA tensors
+# through host memory), or a torch engine behind aiodist's API (aiodist._engine).
+BACKENDS = {"tcp": "tcp", "gloo": "tcp", "nccl": "nccl", "torch-gloo": "torch-gloo"}
 
 
 @dataclass
@@ -53,6 +57,11 @@ class World:
     loop: asyncio.AbstractEventLoop
     groups: list[ProcessGroup] = field(default_factory=list)
     next_gid: int = 1
+    stager: Stager | None = None  # stages CUDA tensors on "tcp"; closed by destroy
+    engine: str | None = None  # "nccl" / "torch-gloo": the torch engine of every group
+    job_store: Store | None = None  # this init's store namespace (engines rendezvous under it)
+    host: str = "127.0.0.1"  # the address peers reach this rank at
+    device: Any = None  # device_id, as a torch.device
 
 
 _world: World | None = None
@@ -90,14 +99,19 @@ async def init_process_group(
     """Join the job: rendezvous, connect every peer, create the default group.
 
     Args:
-        backend: "tcp" (default; "gloo" is an alias) or "nccl".
+        backend: "tcp" (default; "gloo" is an alias: aiodist's transport, which stages CUDA
+            tensors through host memory), "nccl" (torch's NCCL engine) or "torch-gloo" (torch's
+            gloo engine); see README "CUDA tensors and NCCL".
         init_method: None / "env://", "tcp://host:port", "tcp://<multicast group>:port", "file:///path".
         rank: this process's rank; -1 takes it from the environment or assigns one.
         world_size: number of processes; -1 takes it from the environment.
         timeout: bounds the rendezvous and, later, every operation of the default group.
         store: a store to rendezvous through instead of ``init_method``.
         group_name: keeps jobs that share an address or a file apart.
-        device_id: accepted for torch compatibility (CUDA device of this rank).
+        device_id: the CUDA device of this rank (an int, "cuda:N" or ``torch.device``): made
+            current on the runtime loop's thread, and with "nccl" the engine's communicator is
+            connected on it at once. Without it, "nccl" uses ``LOCAL_RANK``'s device (as set by
+            ``aiodist-run``/torchrun), else the current one.
     Raises:
         DistTimeoutError: a rank did not arrive in time (the message names the missing ranks).
         DistValueError: bad arguments, a duplicate rank, or the group is already initialised.
@@ -107,11 +121,11 @@ async def init_process_group(
         raise DistValueError("trying to initialize the default process group twice")
     name = (backend or "tcp").lower()
     if name not in BACKENDS:
-        raise DistValueError(f"unknown backend {backend!r} (use 'tcp', 'gloo' or 'nccl')")
-    if BACKENDS[name] == "nccl":
-        raise DistValueError(
-            "backend 'nccl' needs CUDA and torch's NCCL engine, which this build does not provide"
-        )
+        raise DistValueError(f"unknown backend {backend!r} (use 'tcp', 'gloo', 'nccl' or 'torch-gloo')")
+    engine = None if BACKENDS[name] == "tcp" else BACKENDS[name]
+    if engine is not None:
+        _engine.check_available(engine)
+    device = _device(device_id, engine)
     seconds = _seconds(timeout)
     loop = asyncio.get_running_loop()
     rdv = await resolve_rendezvous(
@@ -145,12 +159,75 @@ async def init_process_group(
                 await asyncio.sleep(min(1.0, seconds))
             await rdv.store.aclose()
         raise
+    label = engine or "tcp"
     group = ProcessGroup(
-        transport, range(rdv.world_size), 0, timeout=seconds, backend="tcp", name="default group"
+        transport, range(rdv.world_size), 0, timeout=seconds, backend=label, name="default group"
     )
-    _world = World(group, transport, rdv.store, rdv.owns_store, "tcp", loop, [group])
+    w = World(group, transport, rdv.store, rdv.owns_store, label, loop, [group])
+    w.engine, w.job_store, w.host, w.device = engine, job_store, host, device
+    w.stager = CudaStager()  # touches nothing of CUDA until a CUDA tensor is staged
+    try:
+        await _equip(w, group, engine)
+    except BaseException:
+        group.abort("init_process_group failed")
+        await transport.aclose()
+        if rdv.owns_store:
+            await rdv.store.aclose()
+        raise
+    _world = w
     _leave_at_exit(loop)
     log.debug("aiodist: rank %d of %d initialised (pid %d)", my_rank, rdv.world_size, os.getpid())
+
+
+def _device(device_id: Any, engine: str | None) -> Any:
+    """The CUDA device of this rank (``device_id``; for "nccl" also LOCAL_RANK's), made current."""
+    if device_id is None and engine == "nccl":
+        local = os.environ.get("LOCAL_RANK")
+        device_id = int(local) if local is not None and local.isdigit() else None
+        if device_id is None:
+            import torch
+
+            device_id = torch.cuda.current_device()
+    if device_id is None or str(device_id) == "cpu":
+        return None
+    device = _engine.cuda_device(device_id)
+    import torch
+
+    torch.cuda.set_device(device)  # the runtime loop's thread enqueues this rank's device work
+    return device
+
+
+async def _equip(w: World, group: ProcessGroup, engine: str | None) -> None:
+    """Give a new group the job's stager, or (a member's view) a torch ``engine`` of its own."""
+    if engine is None:
+        group.stager = w.stager
+        return
+    if group.rank < 0:
+        return
+    assert w.job_store is not None
+    group.engine = await _engine.start_engine(
+        engine,
+        PrefixStore(f"engine/{group.gid}/", w.job_store),
+        group,
+        timeout=group.timeout,
+        host=w.host,
+        device=w.device,
+    )
+
+
+def set_stager(stager: Stager | None) -> Stager | None:
+    """Replace the stager of this job's groups on aiodist's transport (present and future).
+
+    For tests: ``set_stager(HostStager())`` stages every CPU tensor through host buffers, to
+    run the staging path where there is no GPU. The job owns the new stager: it is closed by
+    ``destroy_process_group``. Returns the old one (no longer closed by the job).
+    """
+    w = world()
+    old, w.stager = w.stager, stager
+    for g in w.groups:
+        if g.engine is None:
+            g.stager = stager
+    return old
 
 
 _exit_hook_registered = False
@@ -191,12 +268,19 @@ async def destroy_process_group(group: ProcessGroup | None = None) -> None:
         return
     if group is not None and group is not w.default_group:
         group.abort("the process group was destroyed")
+        if group.engine is not None:
+            await group.engine.aclose()
         if group in w.groups:
             w.groups.remove(group)
         return
     _world = None
     for g in w.groups:
         g.abort("the process group was destroyed")
+    for g in w.groups:
+        if g.engine is not None:
+            await g.engine.aclose()
+    if w.stager is not None:
+        w.stager.close()  # frees the staging pool
     await w.transport.aclose()
     if w.owns_store:
         await w.store.aclose()
@@ -244,7 +328,10 @@ async def new_group(
 ) -> ProcessGroup:
     """Create a group of ``ranks`` (global ranks; None = all). Every rank of the job calls it, in order.
 
-    Non-members get a handle whose ``rank`` is -1; operations on it raise.
+    Non-members get a handle whose ``rank`` is -1; operations on it raise. ``backend`` (default:
+    the job's) picks what runs the group's tensor operations: "tcp"/"gloo" aiodist's transport,
+    "nccl"/"torch-gloo" a torch engine of its own (e.g. a "gloo" group for CPU tensors in an
+    "nccl" job, as in torch).
     """
     w = world()
     size = w.default_group.size
@@ -254,9 +341,20 @@ async def new_group(
             raise DistValueError(f"new_group: rank {r} is not in the world of size {size}")
     if len(set(members)) != len(members):
         raise DistValueError(f"new_group: ranks {members} contain duplicates")
+    engine = w.engine
+    if backend is not None:
+        kind = BACKENDS.get(str(backend).lower())
+        if kind is None:
+            raise DistValueError(
+                f"new_group: unknown backend {backend!r} (use 'tcp', 'gloo', 'nccl' or 'torch-gloo')"
+            )
+        engine = None if kind == "tcp" else kind
+        if engine is not None:
+            _engine.check_available(engine)
     gid = w.next_gid
     w.next_gid += 1
     t = w.default_group.timeout if timeout is None else _seconds(timeout)
-    group = ProcessGroup(w.transport, members, gid, timeout=t, backend=w.backend)
+    group = ProcessGroup(w.transport, members, gid, timeout=t, backend=engine or "tcp")
+    await _equip(w, group, engine)
     w.groups.append(group)
     return group

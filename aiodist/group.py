@@ -11,6 +11,7 @@ dropped) while a lost peer fails them all and breaks the group.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
@@ -34,13 +35,16 @@ PEER_LOSS_GRACE = 1.0
 class _Op:
     """Bookkeeping of one in-flight operation."""
 
-    __slots__ = ("cleanup", "error", "future", "is_task", "key", "name", "survives_loss", "timer")
+    __slots__ = (
+        "cleanup", "deadline", "error", "future", "is_task", "key", "limit", "name", "survives_loss"
+    )  # fmt: skip
 
     def __init__(self, name: str, key: Key) -> None:
         self.name = name
         self.key = key
         self.future: asyncio.Future[Any] | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.deadline = math.inf  # loop time at which it times out
+        self.limit = 0.0  # its timeout in seconds
         self.error: BaseException | None = None
         self.is_task = False
         self.cleanup: Callable[[], None] | None = None
@@ -64,6 +68,13 @@ class ProcessGroup:
         timeout: seconds every operation may take before it fails with ``DistTimeoutError``.
         backend: the name ``get_backend`` reports.
     """
+
+    #: The torch engine that runs this group's tensor operations (``aiodist._engine``; backends
+    #: "nccl" and "torch-gloo"), or None. Set by ``init_process_group`` / ``new_group``.
+    engine: Any = None
+    #: Stages CUDA tensors through host buffers (``aiodist._staging``), or None (CUDA tensors
+    #: are refused). Set by ``init_process_group`` / ``new_group``.
+    stager: Any = None
 
     def __init__(
         self,
@@ -91,6 +102,11 @@ class ProcessGroup:
         self._seq = 0
         self.broken: DistError | None = None
         self._inflight: dict[asyncio.Future[Any], _Op] = {}
+        # One timer for the group, armed at the earliest deadline of the operations in flight
+        # (a timer per operation, created and cancelled on every send and receive, cost more
+        # than the rest of the bookkeeping of a small message).
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._deadline_at = math.inf
         if self.rank >= 0:
             transport.add_peer_lost_listener(self._on_peer_lost)
             transport.add_key_failed_listener(self._on_key_failed)
@@ -173,20 +189,44 @@ class ProcessGroup:
             self._fail(op, DistError(f"{op.name} on rank {self.global_rank}: {reason}"))
         self.transport.remove_peer_lost_listener(self._on_peer_lost)
         self.transport.remove_key_failed_listener(self._on_key_failed)
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer, self._deadline_at = None, math.inf
 
     # -- operation tracking ---------------------------------------------------------------
     def _track(self, op: _Op, fut: asyncio.Future[Any], timeout: float | None) -> None:
         op.future = fut
         self._inflight[fut] = op
         t = self.timeout if timeout is None else timeout
-        if t is not None and t > 0 and t != float("inf"):
-            op.timer = self.loop.call_later(t, self._timed_out, op, t)
+        if t is not None and t > 0 and t != math.inf:
+            op.limit = t
+            op.deadline = self.loop.time() + t
+            if op.deadline < self._deadline_at:
+                self._arm_deadline(op.deadline)
         fut.add_done_callback(self._untrack)
 
     def _untrack(self, fut: asyncio.Future[Any]) -> None:
-        op = self._inflight.pop(fut, None)
-        if op is not None and op.timer is not None:
-            op.timer.cancel()
+        self._inflight.pop(fut, None)
+
+    def _arm_deadline(self, when: float) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._deadline_timer = self.loop.call_at(when, self._check_deadlines)
+        self._deadline_at = when
+
+    def _check_deadlines(self) -> None:
+        """Time out every operation past its deadline; re-arm for the next one."""
+        self._deadline_timer, self._deadline_at = None, math.inf
+        now = self.loop.time()
+        soonest = math.inf
+        for op in list(self._inflight.values()):
+            if op.deadline <= now:
+                op.deadline = math.inf  # fails once
+                self._timed_out(op, op.limit)
+            elif op.deadline < soonest:
+                soonest = op.deadline
+        if soonest < self._deadline_at:
+            self._arm_deadline(soonest)
 
     def _timed_out(self, op: _Op, t: float) -> None:
         waiting = self.transport.mailbox.waiting_on(op.key)

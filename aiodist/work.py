@@ -20,6 +20,62 @@ from aiodist.errors import DistError, DistTimeoutError
 __all__ = ["Work"]
 
 
+class _Waiting:
+    """What a task awaiting a Work on the runtime's loop waits on: a future-like stand-in for
+    the operation's future that cannot cancel it.
+
+    The waiting task's wake-up is registered on the operation's future itself, so the task
+    resumes in the loop iteration in which the operation completes (``asyncio.shield`` chains
+    a second future, which costs one more iteration and two Python callbacks per call). When
+    the task is cancelled, ``cancel`` takes the wake-up back off the operation's future and
+    wakes the task with ``CancelledError``; the operation goes on.
+    """
+
+    __slots__ = ("_asyncio_future_blocking", "_context", "_loop", "_op", "_wakeup", "cancelled_msg")
+
+    def __init__(self, op: asyncio.Future[Any], loop: asyncio.AbstractEventLoop) -> None:
+        self._op = op
+        self._loop = loop
+        self._asyncio_future_blocking = True  # what Future.__await__ sets before yielding itself
+        self._wakeup: Any = None
+        self._context: Any = None
+        self.cancelled_msg: tuple[Any, ...] | None = None
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def done(self) -> bool:
+        return self.cancelled_msg is not None or self._op.done()
+
+    def cancelled(self) -> bool:
+        return self.cancelled_msg is not None
+
+    def add_done_callback(self, fn: Any, *, context: Any = None) -> None:
+        self._wakeup, self._context = fn, context
+        self._op.add_done_callback(fn, context=context)
+
+    def remove_done_callback(self, fn: Any) -> int:
+        return self._op.remove_done_callback(fn)
+
+    def cancel(self, msg: Any = None) -> bool:
+        if self.cancelled_msg is not None or self._op.done():
+            return False  # the wake-up is on its way; the task raises CancelledError then
+        self._op.remove_done_callback(self._wakeup)
+        self.cancelled_msg = () if msg is None else (msg,)
+        self._loop.call_soon(self._wakeup, self, context=self._context)
+        return True
+
+    def result(self) -> Any:
+        if self.cancelled_msg is not None:
+            raise asyncio.CancelledError(*self.cancelled_msg)
+        return self._op.result()
+
+    def exception(self) -> BaseException | None:
+        if self.cancelled_msg is not None:
+            raise asyncio.CancelledError(*self.cancelled_msg)
+        return self._op.exception()
+
+
 class Work:
     """Handle of one started operation.
 
@@ -61,8 +117,12 @@ class Work:
             except RuntimeError:
                 loop = None
             if loop is self._loop:
-                # shield: a cancelled waiter must not cancel the operation itself.
-                yield from asyncio.shield(fut).__await__()
+                # A cancelled waiter must not cancel the operation itself (what asyncio.shield
+                # does, one loop iteration and two callbacks cheaper: see _Waiting).
+                waiting = _Waiting(fut, loop)
+                yield waiting
+                if waiting.cancelled_msg is not None:
+                    raise asyncio.CancelledError(*waiting.cancelled_msg)
             else:
                 yield from asyncio.wrap_future(self.get_future()).__await__()
         return fut.result()

@@ -95,7 +95,7 @@ async def _job(rank: int, size: int, out: str, label: str) -> dict[str, Any]:
 
 async def _intrude(out: str) -> list[str]:
     """Job B's rank 0 reaches into job A with its own identity: both doors stay shut."""
-    port_a, job_a = Path(out, "a_port_1").read_text().split()
+    port_a, _job_a = Path(out, "a_port_1").read_text().split()
     errors = []
     me = world().transport
     intruder = TcpTransport(0, 2, job=me.job, secret=me.secret)  # type: ignore[attr-defined]
@@ -290,3 +290,72 @@ def test_pickle_only_from_authenticated_peers_or_with_opt_in(tmp_path: Path) -> 
     assert receiver["trap_after_refusal"] is False  # row 17: a refused pickle never ran
     assert receiver["trap_after_opt_in"] is True
     assert receiver["trap_with_secret"] is True
+
+
+def _non_loopback_address() -> str | None:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks a route
+            addr = str(s.getsockname()[0])
+    except OSError:
+        return None
+    return None if addr.startswith("127.") else addr
+
+
+async def test_no_secret_on_a_non_loopback_address_warns_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import aiodist.store.server as server_mod
+
+    addr = _non_loopback_address()
+    if addr is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    monkeypatch.setattr(server_mod, "_warned_insecure", False)
+    caplog.set_level(logging.WARNING, "aiodist.store")
+    for _ in range(2):
+        async with server_mod.StoreServer(addr, 0, secret=b""):
+            pass
+    async with server_mod.StoreServer("127.0.0.1", 0, secret=b""):
+        pass
+    warnings = [r.getMessage() for r in caplog.records if "no AIODIST_SECRET" in r.getMessage()]
+    assert len(warnings) == 1 and addr in warnings[0], warnings
+    # with a secret: no warning at all
+    monkeypatch.setattr(server_mod, "_warned_insecure", False)
+    caplog.clear()
+    async with server_mod.StoreServer(addr, 0, secret=b"s"):
+        pass
+    assert not [r for r in caplog.records if "no AIODIST_SECRET" in r.getMessage()]
+
+
+async def test_store_client_vanishing_mid_request() -> None:
+    from aiodist.wire.frames import FrameReader
+    from aiodist.wire.handshake import make_hello, parse_challenge, verify_welcome
+
+    secret = b"mid-request"
+    async with TCPStore("127.0.0.1", 0, is_master=True, timeout=5, secret=secret) as master:
+        server = master.server
+        assert server is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", master.port)
+        got: list[Any] = []
+        fr = FrameReader(lambda h, n: None, lambda h, p: got.append(h))
+        while not got:
+            fr.feed(await reader.read(4096))
+        challenge = parse_challenge(got.pop())
+        hello = make_hello(challenge, "aiodist-store", -1, secret)
+        writer.write(encode_frame(hello.pack()))
+        while not got:
+            fr.feed(await reader.read(4096))
+        verify_welcome(challenge, hello, got.pop(), "aiodist-store", secret)
+        frame = encode_frame(["set", 1, ["half"], [1000], None], 1000) + b"x" * 400  # 600 bytes short
+        writer.write(frame)
+        await asyncio.sleep(0.05)
+        writer.transport.abort()  # vanish, mid-request
+        deadline = time.monotonic() + 5
+        while server.num_connections > 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert server.num_connections == 1  # only the master's own client
+        assert not await master.check(["half"])
+        await master.set("after", b"fine")
+        assert await master.get("after") == b"fine"

@@ -71,3 +71,40 @@ def test_signalled_launcher_frees_the_port_at_once(tmp_path: Path, signum: signa
     assert second.returncode == 0, second.stderr
     assert "[rank 0]: rank 0 of 2 finished 10 steps" in second.stdout.splitlines()
     record(21, "a new job on the same port right after the launcher's exit", time.monotonic() - t0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_signalled_launcher_escalates_to_sigkill(tmp_path: Path) -> None:
+    """Row 21: workers that ignore the forwarded signal are SIGKILLed after the grace period."""
+    script = REPO / "tests" / "launcher_scripts" / "faults_ignore_signals.py"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "aiodist.run", "--nproc-per-node", "2", "--term-timeout", "0.5", str(script)],
+        cwd=REPO,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for([tmp_path / "pid_0", tmp_path / "pid_1"], launcher)
+        pids = [int((tmp_path / f"pid_{r}").read_text()) for r in range(2)]
+        t0 = time.monotonic()
+        launcher.send_signal(signal.SIGTERM)
+        _, stderr = launcher.communicate(timeout=20)
+        took = time.monotonic() - t0
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 128 + signal.SIGTERM, stderr
+    assert "SIGKILL" in stderr, stderr
+    assert 0.4 < took < 10, took
+    deadline = time.monotonic() + 3
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if _alive(p)], "workers survived the launcher"

@@ -9,6 +9,7 @@ non-zero. Needs root (``ip netns``); skipped, with the reason, where that is not
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -48,7 +49,20 @@ def nodes() -> Iterator[list[str]]:
             except subprocess.CalledProcessError as exc:
                 pytest.skip(f"cannot create network namespaces here: {exc.stderr.strip()}")
             created.append(name)
-        _ip("link", "add", f"ad{tag}a", "netns", names[0], "type", "veth", "peer", "name", f"ad{tag}b", "netns", names[1])
+        _ip(
+            "link",
+            "add",
+            f"ad{tag}a",
+            "netns",
+            names[0],
+            "type",
+            "veth",
+            "peer",
+            "name",
+            f"ad{tag}b",
+            "netns",
+            names[1],
+        )
         for name, dev, addr in zip(names, (f"ad{tag}a", f"ad{tag}b"), ADDRS, strict=True):
             _ip("-n", name, "addr", "add", f"{addr}/24", "dev", dev)
             _ip("-n", name, "link", "set", dev, "up")
@@ -64,14 +78,14 @@ def _kill_namespace(name: str) -> None:
     """SIGKILL every process in namespace ``name`` (a node dying)."""
     pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, timeout=20).stdout
     for pid in pids.split():
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _launch(ns: str, node_rank: int, out: Path, *extra: str) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
     env.update(OUT_DIR=str(out), AIODIST_SECRET="two-node-secret")
     cmd = [
         "ip", "netns", "exec", ns, sys.executable, "-m", "aiodist.run",
@@ -87,7 +101,7 @@ def test_two_nodes_then_one_dies(nodes: list[str], tmp_path: Path) -> None:
     clean.mkdir()
     procs = [_launch(ns, k, clean, "--steps", "30") for k, ns in enumerate(nodes)]
     outs = [p.communicate(timeout=60) for p in procs]
-    for p, (stdout, stderr) in zip(procs, outs, strict=True):
+    for p, (_stdout, stderr) in zip(procs, outs, strict=True):
         assert p.returncode == 0, stderr
     lines = outs[0][0].splitlines() + outs[1][0].splitlines()
     for rank in range(4):

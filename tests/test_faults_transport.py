@@ -196,6 +196,7 @@ async def test_wrong_secret_is_refused_and_nothing_it_sent_is_decoded(
     mesh2: list[TcpTransport], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(tcp, "_bad_peer_warning", tcp._RateLimitedWarning())
+    monkeypatch.setattr(tcp, "_auth_warning", tcp._RateLimitedWarning())
     caplog.set_level(logging.WARNING, "aiodist.transport")
     decoded: list[Any] = []
     real = frames_mod.decode_header
@@ -520,3 +521,19 @@ async def test_abandoned_key_frames_are_dropped_not_held() -> None:
     finally:
         for t in ts:
             t.abort()
+
+
+async def test_p2p_mismatch_fails_that_receive_only(mesh2: list[TcpTransport]) -> None:
+    from aiodist.errors import CollectiveMismatchError
+
+    g0, g1 = groups(mesh2)
+    bad = g1.recv(np.zeros(20, np.float32), 0)
+    await g0.send(np.zeros(10, np.float32), 1)
+    with pytest.raises(CollectiveMismatchError, match="rank 0 sent send of 10 x float32"):
+        await bad
+    x = np.zeros(3, np.float32)
+    w = g1.recv(x, 0)  # the same tag: the next message is received normally
+    await g0.send(np.arange(3, dtype=np.float32), 1)
+    await w
+    assert x.tolist() == [0.0, 1.0, 2.0]
+    assert g0.broken is None and g1.broken is None

@@ -43,7 +43,9 @@ leaves = st.one_of(
 )
 values = st.recursive(
     leaves,
-    lambda children: st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=5), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=5), children, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -198,7 +200,9 @@ def test_store_server_survives_any_request(
     assert not loop.errors, loop.errors  # type: ignore[attr-defined]
 
 
-def test_store_server_fuzz_left_nothing_behind(loop: asyncio.AbstractEventLoop, store_server: StoreServer) -> None:
+def test_store_server_fuzz_left_nothing_behind(
+    loop: asyncio.AbstractEventLoop, store_server: StoreServer
+) -> None:
     async def settle() -> None:
         for _ in range(100):
             if store_server.num_connections == 0:

@@ -114,7 +114,7 @@ def test_legacy_multicast_init() -> None:
     assert sorted(r for r, _ in res) == [0, 1, 2]
 
 
-async def _two_jobs(rank: int, size: int, port: int) -> Any:
+async def _two_jobs(rank: int, size: int, port: int, done_path: str) -> Any:
     # processes 0,2 form job "a", processes 1,3 form job "b": one address, two group names
     job = "ab"[rank % 2]
     await dist.init_process_group(
@@ -127,13 +127,17 @@ async def _two_jobs(rank: int, size: int, port: int) -> Any:
     await dist.send(mine, peer)
     await w
     await dist.barrier()
-    await asyncio.sleep(0.2)  # keep the store host alive until both jobs are done with it
+    # Whoever hosts the shared store must outlive both jobs' use of it: meet in a side store.
+    side = dist.FileStore(done_path, 4)
+    await side.add("done", 1)
+    while int(await side.get("done")) < 4:
+        await asyncio.sleep(0.02)
     await dist.destroy_process_group()
     return job, int(other[0])
 
 
-def test_group_names_keep_jobs_on_one_address_apart() -> None:
-    res = spawn(_two_jobs, 4, args=(free_port(),))
+def test_group_names_keep_jobs_on_one_address_apart(tmp_path: Path) -> None:
+    res = spawn(_two_jobs, 4, args=(free_port(), str(tmp_path / "done")))
     # each process only ever talked to the other process of its own job
     assert res == [("a", 2), ("b", 3), ("a", 0), ("b", 1)]
 

@@ -351,6 +351,7 @@ def _threads_job(rank: int, size: int) -> dict[str, Any]:
         out["loop_wait"] = "no error"
     except sdist.DistError as exc:
         out["loop_wait"] = "loop thread" in str(exc)
+    sdist.barrier()  # neither rank sends tag 99 before both have checked (else it may be done)
     sdist.send(torch.zeros(1), peer, tag=99)
     pending.wait()
     sdist.destroy_process_group()

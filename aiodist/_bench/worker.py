@@ -382,8 +382,11 @@ class Worker:
         count = cases.count_for(op, nbytes, n) if nbytes else 0
         bufs = cases.make_buffers(op, count, rank, n)
         warm, iters = iterations(max(nbytes, 1), self.cfg)
+        reps = self.cfg.repeat
         if latency:
-            iters = max(iters, 100) if op != "stream" else 10
+            # Short calls, so more alternations (load on a shared machine comes in bursts).
+            iters = 60 if op != "stream" else 8
+            reps = max(5, 2 * reps + 1)
         fns: dict[str, Call] = {}
         wrong: dict[str, int] = {}
         for rt in self.runtimes:
@@ -397,7 +400,7 @@ class Worker:
             for _ in range(warm):
                 await self.call_once(rt, fn)
         times: dict[str, list[float]] = {rt.name: [] for rt in self.runtimes}
-        for rep in range(self.cfg.repeat):
+        for rep in range(reps):
             order = self.runtimes if rep % 2 == 0 else self.runtimes[::-1]
             for rt in order:
                 await rt.sync()

@@ -83,8 +83,9 @@ def check_size(what: str, got: int, want: int) -> None:
 
 async def reduce_into(op: ReduceOp, acc: Array, other: Array) -> None:
     """``acc = acc (op) other``; above a size threshold in a worker thread (numpy drops the GIL),
-    so the event loop keeps reading sockets while a large segment is reduced."""
-    if acc.nbytes >= select.THREAD_REDUCE_BYTES:
+    so the event loop keeps reading sockets while a large segment is reduced, when the host
+    has a core to spare (``select.offload_reduction``)."""
+    if select.offload_reduction(acc.nbytes):
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, reduce_inplace, op, acc, other)
     else:
@@ -95,7 +96,7 @@ async def finalize(op: ReduceOp, arr: Array, count: int) -> None:
     """AVG: divide by ``count`` (off the loop when large); other ops: nothing."""
     if op is not ReduceOp.AVG or count == 1 or not arr.size:
         return
-    if arr.nbytes >= select.THREAD_REDUCE_BYTES:
+    if select.offload_reduction(arr.nbytes):
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, finalize_inplace, op, arr, count)
     else:

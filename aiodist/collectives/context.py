@@ -21,8 +21,14 @@ __all__ = ["OpContext", "byte_view"]
 
 def byte_view(arr: np.ndarray) -> memoryview:
     """A flat writable-if-possible byte view of a C-contiguous array (any dtype, bfloat16 too)."""
-    flat: Any = arr.reshape(-1).view(np.uint8)  # numpy arrays are buffers; its stubs don't say so
-    return memoryview(flat)
+    try:
+        # The common case in one step (a third of the time of the numpy view below, which is
+        # on the path of every message); dtypes the buffer protocol cannot describe
+        # (bfloat16) raise, and take the general route.
+        return memoryview(arr).cast("B")  # type: ignore[arg-type]
+    except (TypeError, ValueError, NotImplementedError):
+        flat: Any = arr.reshape(-1).view(np.uint8)  # numpy arrays are buffers; its stubs don't say so
+        return memoryview(flat)
 
 
 class OpContext:

@@ -462,7 +462,8 @@ class StoreServer:
             hello = accept_hello(challenge, frames[0], JOB, self._secret)
         except AuthError as exc:
             conn.send(["refused", f"authentication failed: {str(exc)[:200]}"])
-            self._warner.warn(conn.host, "store server refused %s: %s", conn.addr, exc)
+            # (rate-limited apart from garbage: a refused secret must not hide behind noise)
+            self._warner.warn(f"{conn.host} auth", "store server refused %s: %s", conn.addr, exc)
             return False
         conn.send(make_welcome(challenge, hello, JOB, -1, self._secret).pack())
         return True

@@ -13,6 +13,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from aiodist._loop_thread import get_loop_thread
+from aiodist._staging import on_caller_stream
 from aiodist.errors import DistError
 from aiodist.work import Work
 
@@ -31,6 +32,7 @@ def call(fn: Callable[[], Work], async_op: bool) -> Any:
         Whatever starting the operation raised (bad arguments), or the operation's error.
     """
     lt = get_loop_thread()
+    fn = on_caller_stream(fn)  # torch's current CUDA stream is per thread: carry the caller's over
     if async_op:
         return lt.call(fn)
     try:

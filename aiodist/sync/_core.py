@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+import aiodist._engine as _engine
 import aiodist._p2p as _p2p
 import aiodist._world as _world
 from aiodist.errors import DistError, DistTypeError, DistValueError
@@ -168,7 +169,12 @@ def is_gloo_available() -> bool:
 
 
 def is_nccl_available() -> bool:
-    return False
+    """True where backend "nccl" can run: torch with NCCL, and a CUDA device."""
+    try:
+        _engine.check_available("nccl")
+    except DistValueError:
+        return False
+    return True
 
 
 def is_mpi_available() -> bool:
@@ -184,8 +190,18 @@ def is_xccl_available() -> bool:
 
 
 def is_backend_available(backend: str) -> bool:
-    """True for the backend names this build runs ("gloo", "tcp")."""
-    return Backend(backend) in (Backend.GLOO, Backend.TCP)
+    """True for the backend names this build runs: "gloo", "tcp", and where torch can run them,
+    "nccl" and "torch-gloo" (torch's own engines; see README "CUDA tensors and NCCL")."""
+    name = Backend(backend)
+    if name in (Backend.GLOO, Backend.TCP):
+        return True
+    if name in _engine.ENGINE_BACKENDS:
+        try:
+            _engine.check_available(name)
+        except DistValueError:
+            return False
+        return True
+    return False
 
 
 def get_default_backend_for_device(device: Any) -> str:
@@ -260,15 +276,17 @@ def init_process_group(
     """Join the job (blocking ``aiodist.init_process_group``) with torch's signature and defaults.
 
     Args:
-        backend: "gloo" (default; runs on aiodist's TCP transport), "tcp", or torch's
-            "cpu:gloo,cuda:nccl" form (its CPU entry is used).
+        backend: "gloo" (default; runs on aiodist's TCP transport), "tcp", "nccl" (torch's
+            NCCL engine), "torch-gloo" (torch's gloo engine), or torch's "cpu:gloo,cuda:nccl"
+            form (its CPU entry is used).
         init_method: None / "env://", "tcp://host:port", "file:///path".
         timeout: ``timedelta`` (or seconds); default 30 minutes. Bounds the rendezvous and
             every later operation of the default group.
         world_size, rank: -1 takes them from the environment.
         store: a store (``aiodist.sync.TCPStore`` etc.) to rendezvous through.
         group_name: keeps jobs sharing an address or file apart.
-        pg_options, device_id: accepted for compatibility.
+        device_id: this rank's CUDA device (see ``aiodist.init_process_group``).
+        pg_options: accepted for compatibility.
     Raises:
         DistTimeoutError: the rendezvous did not complete in time (names the missing ranks).
         DistValueError: bad arguments, or the default group already exists.
@@ -319,7 +337,7 @@ def new_group(
     """
     if backend is not None and not is_backend_available(backend):
         raise DistValueError(f"new_group: backend {backend!r} is not available (use 'gloo')")
-    pg = run(_world.new_group(ranks, _seconds(timeout)))
+    pg = run(_world.new_group(ranks, _seconds(timeout), None if backend is None else str(Backend(backend))))
     return pg if pg.rank >= 0 else _NonMember(pg.ranks)
 
 

@@ -386,6 +386,9 @@ class Transport(ABC):
         self._peer_lost_listeners: list[PeerLostListener] = []
         self._key_failed_listeners: list[KeyFailedListener] = []
         self.dead_peers: dict[int, DistNetworkError] = {}
+        # The first peer lost without a goodbye: later departures (often its consequence:
+        # ranks that failed because of it and left) name it too.
+        self.first_loss: DistNetworkError | None = None
         self.closed = False
 
     # -- the data path -----------------------------------------------------------------
@@ -420,9 +423,20 @@ class Transport(ABC):
         if cb in self._key_failed_listeners:
             self._key_failed_listeners.remove(cb)
 
+    def _with_first_loss(self, exc: DistNetworkError) -> DistNetworkError:
+        first = self.first_loss
+        if first is None or first is exc:
+            return exc
+        err = DistNetworkError(f"{exc} (after an earlier loss: {first})")
+        err.__cause__ = exc.__cause__
+        return err
+
     def _peer_lost(self, peer: int, exc: DistNetworkError) -> None:
         if peer in self.dead_peers:
             return
+        exc = self._with_first_loss(exc)
+        if self.first_loss is None:
+            self.first_loss = exc
         self.dead_peers[peer] = exc
         self.mailbox.fail_peer(peer, exc)
         for cb in list(self._peer_lost_listeners):
@@ -432,6 +446,7 @@ class Transport(ABC):
         """``peer`` left in an orderly way: operations that still need it fail; groups go on."""
         if peer in self.dead_peers:
             return
+        exc = self._with_first_loss(exc)
         self.dead_peers[peer] = exc
         self.mailbox.fail_peer(peer, exc)
 
@@ -443,7 +458,13 @@ class Transport(ABC):
     def _report_mismatch(
         self, src: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None
     ) -> None:
-        """Our receive disagreed with what ``src`` sent: fail our op and tell the sender."""
+        """Our receive disagreed with what ``src`` sent: fail our op and tell the sender.
+
+        Only for collectives: a point-to-point message stands alone (the receive that did not
+        match fails; the tag stays usable for the next message, and the sender's send is done).
+        """
+        if key[1] != COLL:
+            return
         exc = CollectiveMismatchError(
             f"rank {self.rank} expected {describe_fingerprint(want)} but rank {src} sent {describe_fingerprint(sent)}"
         )
@@ -471,6 +492,8 @@ class Transport(ABC):
         self, src: int, key: Key, ours: Fingerprint | None, theirs: Fingerprint | None
     ) -> None:
         """``src`` told us our message for ``key`` met its different operation."""
+        if key[1] != COLL:
+            return  # (see _report_mismatch)
         exc = CollectiveMismatchError(
             f"rank {src} expected {describe_fingerprint(theirs)} but rank {self.rank} sent {describe_fingerprint(ours)}"
         )

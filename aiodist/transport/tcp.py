@@ -58,6 +58,9 @@ KIND_BYE = 3  # an orderly goodbye: the peer destroyed its process group and is 
 # Payloads up to this size are joined with their header into one bytes object: one small
 # copy is cheaper than a second buffer in the write queue.
 _SMALL_PAYLOAD = 16 * 1024
+# Coalesced small messages are written once they reach this many bytes, or at the end of the
+# loop pass in which they were sent, whichever comes first.
+_BATCH_BYTES = 64 * 1024
 HANDSHAKE_TIMEOUT = 10.0  # default of AIODIST_HANDSHAKE_TIMEOUT
 MAX_PENDING_HANDSHAKES = 256
 PEER_LIMITS = Limits(max_header=64 * 1024, max_payload=1 << 40)
@@ -109,6 +112,7 @@ class _RateLimitedWarning:
 
 
 _bad_peer_warning = _RateLimitedWarning()
+_auth_warning = _RateLimitedWarning()
 
 
 class _PeerProtocol(asyncio.BufferedProtocol):
@@ -136,9 +140,12 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self._key: Key = (0, 0, 0)
         self._fp: Fingerprint | None = None
         self._drain_waiters: deque[asyncio.Future[None]] = deque()
+        self._batch: list[bytes] | None = None  # small messages to write at the end of this pass
+        self._batch_bytes = 0
         self._paused = False
         self._deadline: asyncio.TimerHandle | None = None
         self.departed = False  # the peer said goodbye before closing
+        self.bye_note = ""
 
     # -- asyncio callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -205,18 +212,47 @@ class _PeerProtocol(asyncio.BufferedProtocol):
                 fut.set_result(None)
 
     # -- sending ----------------------------------------------------------------------
-    def write_message(self, header: bytes, payload: memoryview) -> Awaitable[None]:
+    def write_message(self, header: bytes, payload: memoryview, *, coalesce: bool = False) -> Awaitable[None]:
+        """Queue one message; ``coalesce``: a small one may wait for the end of this loop pass,
+        to go out in one system call with the others queued meanwhile (a stream of small
+        sends costs one write, not one each; order is kept)."""
         transport = self.transport
         assert transport is not None
         if payload.nbytes <= _SMALL_PAYLOAD:
-            transport.write(header + payload.tobytes() if payload.nbytes else header)
+            data = header + payload.tobytes() if payload.nbytes else header
+            if coalesce:
+                batch = self._batch
+                if batch is None:
+                    self._batch = batch = []
+                    self.owner.loop.call_soon(self._flush)
+                batch.append(data)
+                self._batch_bytes += len(data)
+                if self._batch_bytes >= _BATCH_BYTES:
+                    self._flush()
+            else:
+                if self._batch:
+                    self._flush()
+                transport.write(data)
         else:
+            if self._batch:
+                self._flush()
             transport.writelines((header, payload))
         if not self._paused:
             return self.owner._done
         fut = self.owner.loop.create_future()
         self._drain_waiters.append(fut)
         return fut
+
+    def _flush(self) -> None:
+        """Write the small messages coalesced so far, in one system call."""
+        batch, self._batch = self._batch, None
+        self._batch_bytes = 0
+        transport = self.transport
+        if not batch or transport is None or transport.is_closing():
+            return
+        # (RuntimeError: the connection was half-closed by aclose meanwhile; nothing to send to.)
+        with contextlib.suppress(RuntimeError):
+            transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
 
     # -- receiving --------------------------------------------------------------------
     def _on_header(self, header: Any, nbytes: int) -> memoryview | None:
@@ -282,6 +318,8 @@ class _PeerProtocol(asyncio.BufferedProtocol):
             return None
         if kind == KIND_BYE:
             self.departed = True
+            # fp: why it leaves, when a lost peer of its own was the reason (or None)
+            self.bye_note = fp[:2000] if isinstance(fp, str) else ""
             self._target = DISCARD
             return None
         raise ProtocolError(f"unknown message kind {kind!r} from rank {self.peer}")
@@ -378,7 +416,9 @@ class _PeerProtocol(asyncio.BufferedProtocol):
     def _poison(self, exc: DistError) -> None:
         """The stream is unusable from here on: drop the connection, never reuse it."""
         if self.peer < 0:
-            _bad_peer_warning.warn("aiodist: dropped connection from %s: %s", self.remote, exc)
+            # Authentication failures are rate-limited apart from garbage, so noise cannot hide them.
+            warning = _auth_warning if isinstance(exc, AuthError) else _bad_peer_warning
+            warning.warn("aiodist: dropped connection from %s: %s", self.remote, exc)
         else:
             log.error("aiodist: rank %d: connection to rank %d poisoned: %s", self.owner.rank, self.peer, exc)
             self.owner._poisoned[self.peer] = exc
@@ -504,7 +544,7 @@ class TcpTransport(Transport):
         if dst in self.dead_peers:
             raise self.dead_peers[dst]
         return proto.write_message(
-            encode_frame([KIND_DATA, key[0], key[1], key[2], fp], payload.nbytes), payload
+            encode_frame([KIND_DATA, key[0], key[1], key[2], fp], payload.nbytes), payload, coalesce=True
         )
 
     def _send_mismatch(self, dst: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
@@ -580,7 +620,11 @@ class TcpTransport(Transport):
             # An orderly leave: fail what still needs this rank, but do not break the groups;
             # the other ranks may go on among themselves (torch's tutorial programs do).
             self._peer_left(
-                proto.peer, DistNetworkError(f"rank {proto.peer} has left the job (destroy_process_group)")
+                proto.peer,
+                DistNetworkError(
+                    f"rank {proto.peer} has left the job (destroy_process_group)"
+                    + (f" after it lost a peer: {proto.bye_note}" if proto.bye_note else "")
+                ),
             )
             return
         if cause is not None:
@@ -605,7 +649,8 @@ class TcpTransport(Transport):
         self._closing = True
         self._schedule_retry()
         protos = [p for p in self._peers.values() if p.transport is not None and not p.transport.is_closing()]
-        bye = encode_frame([KIND_BYE, 0, 0, 0, None])
+        # If a lost peer is why we leave, say so: our peers' errors then name the root cause.
+        bye = encode_frame([KIND_BYE, 0, 0, 0, str(self.first_loss)[:2000] if self.first_loss else None])
         waits = [p.write_message(bye, memoryview(b"")) for p in protos]
         pending = [w for w in waits if isinstance(w, asyncio.Future) and not w.done()]
         if pending:
