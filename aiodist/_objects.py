@@ -135,9 +135,22 @@ def _decode_all(data: np.ndarray, sizes: np.ndarray, *, src: int, allow: bool, w
     return out
 
 
+def _max_object_bytes() -> int:
+    """Most serialized bytes one rank may announce in one object collective."""
+    return int(os.environ.get("AIODIST_MAX_OBJECT_BYTES", str(1 << 30)))
+
+
 def _check_sizes(sizes: np.ndarray, src: int, what: str) -> None:
+    """Refuse sizes no honest peer sends, before anything of that size is allocated."""
     if sizes.size and int(sizes.min()) < 0:
         raise DistError(f"{what}: rank {src} announced a negative object size")
+    total = int(sizes.sum()) if sizes.size else 0
+    limit = _max_object_bytes()
+    if total > limit:
+        raise DistError(
+            f"{what}: rank {src} announced {total} bytes of objects, over the limit of {limit} "
+            "(raise AIODIST_MAX_OBJECT_BYTES if that is intended)"
+        )
 
 
 def _list_arg(obj: Any, arg: str) -> list[Any]:

@@ -57,6 +57,14 @@ DEMOS: list[tuple[str, list[str]]] = [
         "async pipeline: 4 stages, 16 micro-batches in flight (async face, via aiodist-run)",
         [PY, "-m", "aiodist.run", "--nproc-per-node", "4", str(HERE / "async_pipeline.py")],
     ),
+    (
+        "asyncio.gather over dozens of collectives of different ops and sizes (async face)",
+        [PY, "-m", "aiodist.run", "--nproc-per-node", "4", str(HERE / "gather_many.py")],
+    ),
+    (
+        "DistributedDataParallel: a small model trained on 3 ranks, gradients bucketed during backward",
+        [PY, "-m", "aiodist.run", "--nproc-per-node", "3", str(HERE / "ddp_train.py")],
+    ),
 ]
 
 

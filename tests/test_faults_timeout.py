@@ -75,6 +75,9 @@ async def _skip_slow_mismatch(rank: int, size: int) -> dict[str, Any]:
             out["skip"] = ("no error", 0.0)
         except dist.DistTimeoutError as exc:
             out["skip"] = (str(exc), time.monotonic() - t0)
+    # nobody leaves before every rank has seen its own timeout (a rank that has left fails
+    # the others' pending operations that need it, sooner than their timeout)
+    await _store_barrier("end", size)
     await dist.destroy_process_group()
     return out
 

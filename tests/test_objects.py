@@ -203,3 +203,19 @@ def test_tcp_pickle_needs_authentication(tmp_path: pathlib.Path) -> None:
 
 def test_env_is_clean() -> None:
     assert os.environ.get("AIODIST_ALLOW_PICKLE", "") != "1", "tests must not leak the opt-in"
+
+
+async def test_announced_object_size_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer cannot make us allocate whatever it announces: over the cap is a clear error."""
+    monkeypatch.setenv("AIODIST_MAX_OBJECT_BYTES", "1000")
+
+    async def fn(g: ProcessGroup) -> Any:
+        objs: list[Any] = ["x" * 5000] if g.rank == 0 else [None]
+        try:
+            await dist.broadcast_object_list(objs, src=0, group=g)
+        except DistError as exc:
+            return str(exc)
+        return "no error"
+
+    res = await run_memory_world(2, fn)
+    assert "rank 0 announced 5" in res[1] and "AIODIST_MAX_OBJECT_BYTES" in res[1]
