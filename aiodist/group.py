@@ -18,9 +18,25 @@ from typing import Any
 from aiodist import _tensors
 from aiodist.collectives.barrier import barrier as _barrier_algo
 from aiodist.collectives.context import OpContext, byte_view
-from aiodist.errors import DistError, DistNetworkError, DistTimeoutError, DistTypeError, DistValueError
+from aiodist.errors import (
+    CollectiveMismatchError,
+    DistError,
+    DistNetworkError,
+    DistTimeoutError,
+    DistTypeError,
+    DistValueError,
+)
 from aiodist.ops import dtype_name
-from aiodist.transport.base import COLL, P2P, Fingerprint, Key, Transport, abort_kind
+from aiodist.transport.base import (
+    COLL,
+    P2P,
+    Fingerprint,
+    Key,
+    LateMessageError,
+    Transport,
+    abort_kind,
+    describe_fingerprint,
+)
 from aiodist.work import Work
 
 __all__ = ["PEER_LOSS_GRACE", "ProcessGroup"]
@@ -177,6 +193,10 @@ class ProcessGroup:
             # Another member abandoned a collective because it lost a peer (its notice
             # names it): this group cannot go on, even before our own connection reports it.
             self.broken = exc
+        if isinstance(exc, LateMessageError) and self.broken is None:
+            # A collective already returned with data the ranks disagreed about: say so on
+            # every later call rather than go on as if nothing happened.
+            self.broken = exc
         for op in list(self._inflight.values()):
             if op.key == key:
                 self._fail(op, exc)
@@ -272,7 +292,18 @@ class ProcessGroup:
 
     async def _body(self, op: _Op, coro: Coroutine[Any, Any, Any]) -> Any:
         try:
-            return await coro
+            result = await coro
+            if op.key[1] == COLL:
+                late = self.transport.mailbox.finish(op.key)
+                if late is not None:
+                    # Data no step of this operation received: the sender ran another one.
+                    self.transport._late_message(late[0], op.key, late[1])
+                    raise CollectiveMismatchError(
+                        f"{op.name} on rank {self.global_rank}: rank {late[0]} sent "
+                        f"{describe_fingerprint(late[1])}, which no step of it received: the ranks "
+                        "disagree about the operation (different roots, or different collectives)"
+                    )
+            return result
         except asyncio.CancelledError:
             if op.error is None:
                 raise

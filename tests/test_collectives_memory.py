@@ -607,3 +607,23 @@ async def test_bfloat16_is_ml_dtypes() -> None:
         assert t.dtype == ml_dtypes.bfloat16 and t.astype(np.float32).tolist() == [1.5, 2.0, -3.0]
 
     await run(3, fn)
+
+
+async def test_root_disagreement_is_not_silent() -> None:
+    """Two ranks that both believe they are a broadcast's root only send, so no receive ever
+    meets the other's data; the late data still surfaces as a CollectiveMismatchError."""
+    import aiodist as _dist
+    from aiodist.group import ProcessGroup as _PG
+
+    async def fn(g: _PG) -> str:
+        buf = np.full(4, g.rank, np.float32)
+        try:
+            await _dist.broadcast(buf, src=g.rank, group=g)  # each names itself as root
+            await asyncio.sleep(0.05)
+            await _dist.barrier(group=g)
+        except _dist.CollectiveMismatchError as exc:
+            return str(exc)
+        return "silent"
+
+    res = await run_memory_world(2, fn)
+    assert all("disagree" in r for r in res), res

@@ -37,6 +37,7 @@ __all__ = [
     "PendingRecv",
     "Transport",
     "describe_fingerprint",
+    "LateMessageError",
 ]
 
 # channels of a Key
@@ -51,6 +52,9 @@ Fingerprint = list[Any]
 # Bytes of messages held because they arrived before their receive was posted (per
 # transport). ``AIODIST_UNEXPECTED_CAP`` overrides it.
 _DEFAULT_UNEXPECTED_CAP = 1 << 30
+
+# How many completed collectives each mailbox remembers, to recognise their late messages.
+_FINISHED_KEPT = 4096
 
 
 def unexpected_cap_from_env() -> int:
@@ -164,6 +168,11 @@ class Mailbox:
         self._posted_any: dict[Key, deque[PendingRecv]] = {}
         self._held: dict[tuple[int, Key], deque[_Held]] = {}
         self._abandoned: set[Key] = set()
+        # Collectives completed here, most recent last: in a well-formed program every message
+        # of a collective is received within it, so one arriving later means ranks disagreed.
+        self._finished: set[Key] = set()
+        self._finished_order: deque[Key] = deque()
+        self.on_late: Callable[[int, Key, Fingerprint | None], None] | None = None
         self._failed_keys: dict[Key, BaseException] = {}
         self._dead: dict[int, BaseException] = {}
         self._order = itertools.count()
@@ -263,6 +272,21 @@ class Mailbox:
             return DISCARD
         return recv
 
+    def finish(self, key: Key) -> tuple[int, Fingerprint | None] | None:
+        """The collective ``key`` completed here. Returns a message still held for it (sender,
+        fingerprint), which means the ranks disagreed about the operation, or None."""
+        self._finished.add(key)
+        self._finished_order.append(key)
+        if len(self._finished_order) > _FINISHED_KEPT:
+            self._finished.discard(self._finished_order.popleft())
+        if not self._held:
+            return None
+        for table_key in [k for k in self._held if k[1] == key]:
+            held = self._held.pop(table_key)
+            self.unexpected_bytes -= sum(h.payload.nbytes for h in held)
+            return table_key[0], held[0].fp
+        return None
+
     def complete(self, recv: PendingRecv, src: int) -> None:
         if not recv.future.done():
             recv.future.set_result(src)
@@ -281,6 +305,10 @@ class Mailbox:
             return
         if target is None:
             if key in self._abandoned:
+                return
+            if key in self._finished:
+                if self.on_late is not None:
+                    self.on_late(src, key, fp)
                 return
             held = payload if owned else memoryview(bytearray(payload))
             self._held.setdefault((src, key), deque()).append(_Held(fp, held, next(self._order)))
@@ -371,6 +399,10 @@ PeerLostListener = Callable[[int, DistNetworkError], None]
 KeyFailedListener = Callable[[Key, BaseException], None]
 
 
+class LateMessageError(CollectiveMismatchError):
+    """A collective's data arrived after the operation had completed on the receiving rank."""
+
+
 class Transport(ABC):
     """Moves messages between the ranks of one job. Algorithms see only this interface."""
 
@@ -383,6 +415,7 @@ class Transport(ABC):
         self.world_size = world_size
         self.loop = loop
         self.mailbox = Mailbox(rank, loop, on_mismatch=self._report_mismatch)
+        self.mailbox.on_late = self._late_message
         self._peer_lost_listeners: list[PeerLostListener] = []
         self._key_failed_listeners: list[KeyFailedListener] = []
         self.dead_peers: dict[int, DistNetworkError] = {}
@@ -450,6 +483,17 @@ class Transport(ABC):
         self.dead_peers[peer] = exc
         self.mailbox.fail_peer(peer, exc)
 
+    def _late_message(self, src: int, key: Key, fp: Fingerprint | None) -> None:
+        """``src`` sent data for a collective that already completed here: the ranks disagree
+        about that operation (e.g. both believe they are its root). Whoever still runs it fails;
+        every group using the key learns it cannot be trusted."""
+        exc = LateMessageError(
+            f"rank {src} sent {describe_fingerprint(fp)} after rank {self.rank} had completed that "
+            "operation: the ranks disagree about it (different roots, or different collectives)"
+        )
+        self._send_mismatch(src, key, fp, None)
+        self._key_failed(key, exc)
+
     def _key_failed(self, key: Key, exc: BaseException) -> None:
         self.mailbox.fail_key(key, exc)
         for cb in list(self._key_failed_listeners):
@@ -494,9 +538,16 @@ class Transport(ABC):
         """``src`` told us our message for ``key`` met its different operation."""
         if key[1] != COLL:
             return  # (see _report_mismatch)
-        exc = CollectiveMismatchError(
-            f"rank {src} expected {describe_fingerprint(theirs)} but rank {self.rank} sent {describe_fingerprint(ours)}"
-        )
+        if theirs is None:
+            exc: CollectiveMismatchError = CollectiveMismatchError(
+                f"rank {src} received {describe_fingerprint(ours)} from rank {self.rank} after it had "
+                "completed that operation: the ranks disagree about it"
+            )
+        else:
+            exc = CollectiveMismatchError(
+                f"rank {src} expected {describe_fingerprint(theirs)} but rank {self.rank} sent "
+                f"{describe_fingerprint(ours)}"
+            )
         self._key_failed(key, exc)
 
     def stall_note(self) -> str:

@@ -58,9 +58,6 @@ KIND_BYE = 3  # an orderly goodbye: the peer destroyed its process group and is 
 # Payloads up to this size are joined with their header into one bytes object: one small
 # copy is cheaper than a second buffer in the write queue.
 _SMALL_PAYLOAD = 16 * 1024
-# Coalesced small messages are written once they reach this many bytes, or at the end of the
-# loop pass in which they were sent, whichever comes first.
-_BATCH_BYTES = 64 * 1024
 HANDSHAKE_TIMEOUT = 10.0  # default of AIODIST_HANDSHAKE_TIMEOUT
 MAX_PENDING_HANDSHAKES = 256
 PEER_LIMITS = Limits(max_header=64 * 1024, max_payload=1 << 40)
@@ -140,8 +137,6 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self._key: Key = (0, 0, 0)
         self._fp: Fingerprint | None = None
         self._drain_waiters: deque[asyncio.Future[None]] = deque()
-        self._batch: list[bytes] | None = None  # small messages to write at the end of this pass
-        self._batch_bytes = 0
         self._paused = False
         self._deadline: asyncio.TimerHandle | None = None
         self.departed = False  # the peer said goodbye before closing
@@ -212,47 +207,18 @@ class _PeerProtocol(asyncio.BufferedProtocol):
                 fut.set_result(None)
 
     # -- sending ----------------------------------------------------------------------
-    def write_message(self, header: bytes, payload: memoryview, *, coalesce: bool = False) -> Awaitable[None]:
-        """Queue one message; ``coalesce``: a small one may wait for the end of this loop pass,
-        to go out in one system call with the others queued meanwhile (a stream of small
-        sends costs one write, not one each; order is kept)."""
+    def write_message(self, header: bytes, payload: memoryview) -> Awaitable[None]:
         transport = self.transport
         assert transport is not None
         if payload.nbytes <= _SMALL_PAYLOAD:
-            data = header + payload.tobytes() if payload.nbytes else header
-            if coalesce:
-                batch = self._batch
-                if batch is None:
-                    self._batch = batch = []
-                    self.owner.loop.call_soon(self._flush)
-                batch.append(data)
-                self._batch_bytes += len(data)
-                if self._batch_bytes >= _BATCH_BYTES:
-                    self._flush()
-            else:
-                if self._batch:
-                    self._flush()
-                transport.write(data)
+            transport.write(header + payload.tobytes() if payload.nbytes else header)
         else:
-            if self._batch:
-                self._flush()
             transport.writelines((header, payload))
         if not self._paused:
             return self.owner._done
         fut = self.owner.loop.create_future()
         self._drain_waiters.append(fut)
         return fut
-
-    def _flush(self) -> None:
-        """Write the small messages coalesced so far, in one system call."""
-        batch, self._batch = self._batch, None
-        self._batch_bytes = 0
-        transport = self.transport
-        if not batch or transport is None or transport.is_closing():
-            return
-        # (RuntimeError: the connection was half-closed by aclose meanwhile; nothing to send to.)
-        with contextlib.suppress(RuntimeError):
-            transport.write(batch[0] if len(batch) == 1 else b"".join(batch))
 
     # -- receiving --------------------------------------------------------------------
     def _on_header(self, header: Any, nbytes: int) -> memoryview | None:
@@ -544,7 +510,7 @@ class TcpTransport(Transport):
         if dst in self.dead_peers:
             raise self.dead_peers[dst]
         return proto.write_message(
-            encode_frame([KIND_DATA, key[0], key[1], key[2], fp], payload.nbytes), payload, coalesce=True
+            encode_frame([KIND_DATA, key[0], key[1], key[2], fp], payload.nbytes), payload
         )
 
     def _send_mismatch(self, dst: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
