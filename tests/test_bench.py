@@ -70,7 +70,9 @@ def test_bench_cli_two_ranks(tmp_path: pytest.TempPathFactory, capsys: pytest.Ca
     rc = bench.main(argv)
     text = capsys.readouterr().out
     assert rc == 0, text
-    header = re.search(r"^#\s+size\s+count\s+type\s+redop\s+root\s+time\(us\)\s+algbw\s+busbw\s+#wrong", text, re.M)
+    header = re.search(
+        r"^#\s+size\s+count\s+type\s+redop\s+root\s+time\(us\)\s+algbw\s+busbw\s+#wrong", text, re.M
+    )
     assert header, text
     if HAVE_TORCH:
         assert "speedup" in header.group(0) or "speedup" in text
