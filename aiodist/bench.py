@@ -210,7 +210,7 @@ def _parser() -> argparse.ArgumentParser:
         help="measure torch's gloo backend in the same processes, alternating",
     )
     ap.add_argument(
-        "-r", "--repeat", type=int, default=3, help="alternating repetitions per case (default 3)"
+        "-r", "--repeat", type=int, default=5, help="alternating repetitions per case (default 5)"
     )
     ap.add_argument("-n", "--iters", type=int, default=0, help="calls per repetition (default: by size)")
     ap.add_argument("-w", "--warmup", type=int, default=0, help="warm-up calls (default: by size)")
@@ -224,6 +224,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", metavar="FILE", help="save every figure as JSON")
     ap.add_argument("--plot", metavar="PNG", help="draw algbw vs size per operation (needs matplotlib)")
     ap.add_argument("--from-json", metavar="FILE", help="do not run: print and plot a saved JSON file")
+    ap.add_argument("--markdown", metavar="FILE", help="write the tables as markdown (for BENCHMARKS.md)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per job before it is killed")
     return ap
 
@@ -259,6 +260,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             data = json.load(f)
         _replay(data)
         _print_summary(data["jobs"])
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(report.markdown(data))
+            print(f"# markdown written to {args.markdown}")
         if args.plot:
             report.plot(data["jobs"], args.plot, data.get("meta", {}).get("title", ""))
             print(f"# plot written to {args.plot}")
@@ -328,10 +333,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta["torch"] = torch.__version__
     except ImportError:
         pass
+    data = {"meta": meta, "jobs": jobs, "targets": verdicts}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"meta": meta, "jobs": jobs, "targets": verdicts}, f, indent=1)
+            json.dump(data, f, indent=1)
         print(f"# results written to {args.json}")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(report.markdown(data))
+        print(f"# markdown written to {args.markdown}")
     if args.plot:
         try:
             report.plot(jobs, args.plot, str(meta["title"]))

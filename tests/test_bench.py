@@ -56,6 +56,7 @@ def test_busbw_factors_are_nccl_tests() -> None:
 @pytest.mark.timeout(60)
 def test_bench_cli_two_ranks(tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]) -> None:
     out_json = tmp_path / "bench.json"  # type: ignore[operator]
+    out_md = tmp_path / "bench.md"  # type: ignore[operator]
     argv = [
         "-np", "2",
         "--faces", "async,sync",
@@ -64,6 +65,7 @@ def test_bench_cli_two_ranks(tmp_path: pytest.TempPathFactory, capsys: pytest.Ca
         "-r", "1", "-n", "2", "-w", "1",
         "--memory-bytes", "1M",
         "--json", str(out_json),
+        "--markdown", str(out_md),
     ]  # fmt: skip
     if HAVE_TORCH:
         argv += ["--compare", "gloo"]
@@ -90,3 +92,6 @@ def test_bench_cli_two_ranks(tmp_path: pytest.TempPathFactory, capsys: pytest.Ca
                 assert res["time_us"] > 0 and res["algbw"] >= 0 and res["busbw"] >= 0
         assert [r["op"] for r in job["latency"]] == ["all_reduce", "barrier", "pingpong", "stream"]
         assert job["memory"]["aiodist"]
+    md = out_md.read_text()
+    assert "| size | count | type | redop | root | aiodist time (µs) | algbw | busbw | #wrong |" in md
+    assert "### Headline" in md

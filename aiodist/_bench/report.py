@@ -289,3 +289,117 @@ def plot(jobs: Sequence[dict[str, Any]], path: str, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# -- markdown -------------------------------------------------------------------------------------
+
+
+def _md_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    out = [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---:" if i else "---" for i in range(len(head))) + "|",
+    ]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """BENCHMARKS.md-ready tables of a saved run: headline, targets, then every table."""
+    jobs = [j for j in data["jobs"] if "error" not in j]
+    parts: list[str] = []
+    meta = data.get("meta", {})
+    parts.append(
+        f"Run of {meta.get('date', '?')} on `{meta.get('host', '?')}` ({meta.get('cpus', '?')} CPUs, "
+        f"Python {meta.get('python', '?')}, torch {meta.get('torch', '-')}); "
+        f"`aiodist-bench {' '.join(meta.get('argv', []))}`."
+    )
+    head = ["case"] + [f"{j['face']} {j['nprocs']}r: aiodist / gloo (ratio)" for j in jobs]
+    cases_ = [row["case"] for row in jobs[0].get("latency", [])] if jobs else []
+    rows = []
+    for i, name in enumerate(cases_):
+        cells = [f"{name} (µs)"]
+        for j in jobs:
+            r = j["latency"][i]
+            g = r["impls"].get("gloo")
+            cells.append(
+                f"{r['impls']['aiodist']['time_us']:.0f} / {g['time_us']:.0f} ({r['ratio']:.2f}x)"
+                if g
+                else f"{r['impls']['aiodist']['time_us']:.0f}"
+            )
+        rows.append(cells)
+    big = max((r["size"] for j in jobs for r in j["rows"]), default=0)
+    for op in cases.COLLECTIVES:
+        cells = [f"{op} {big >> 20} MiB algbw (GB/s)"]
+        found = False
+        for j in jobs:
+            r = next((r for r in j["rows"] if r["op"] == op and r["size"] == big), None)
+            if r is None:
+                cells.append("")
+                continue
+            found = True
+            a, g = r["impls"]["aiodist"], r["impls"].get("gloo")
+            cells.append(
+                f"{a['algbw']:.2f} / {g['algbw']:.2f} ({r['speedup']:.2f}x)" if g else f"{a['algbw']:.2f}"
+            )
+        if found:
+            rows.append(cells)
+    mrow = [f"RSS added by a {big >> 20} MiB all_reduce (MiB)"]
+    for j in jobs:
+        mem = j.get("memory", {})
+        mrow.append(
+            " / ".join(f"{max(mem[k]) / MiB:.1f}" for k in ("aiodist", "gloo") if k in mem) if mem else ""
+        )
+    rows.append(mrow)
+    parts.append(
+        "### Headline (latency: time ratio, lower is better; bandwidth: algbw ratio, higher is better)\n\n"
+        + _md_table(head, rows)
+    )
+    verdicts = data.get("targets") or targets(jobs)
+    if verdicts:
+        parts.append(
+            "### Targets\n\n"
+            + _md_table(
+                ["face", "ranks", "target", "measured", "verdict"],
+                [
+                    (
+                        v["face"],
+                        v["nprocs"],
+                        v["target"],
+                        f"{v['measured']:.2f}",
+                        "holds"
+                        if v["holds"]
+                        else "**missed**" + (f" ({'; '.join(v['misses'])})" if v.get("misses") else ""),
+                    )
+                    for v in verdicts
+                ],
+            )
+        )
+    for j in jobs:
+        impls = ["aiodist"] + (["gloo"] if j.get("compare") else [])
+        body = []
+        for op in cases.COLLECTIVES:
+            rows_op = [r for r in j["rows"] if r["op"] == op]
+            if not rows_op:
+                continue
+            body.append(f"**{op}**\n")
+            h = ["size", "count", "type", "redop", "root"]
+            for name in impls:
+                h += [f"{name} time (µs)", "algbw", "busbw", "#wrong"]
+            if "gloo" in impls:
+                h.append("speedup")
+            trs = []
+            for r in rows_op:
+                c: list[Any] = [r["size"], r["count"], r["type"], r["redop"], r["root"]]
+                for name in impls:
+                    x = r["impls"][name]
+                    c += [f"{x['time_us']:.1f}", f"{x['algbw']:.3f}", f"{x['busbw']:.3f}", x["wrong"]]
+                if "speedup" in r:
+                    c.append(f"{r['speedup']:.2f}")
+                trs.append(c)
+            body.append(_md_table(h, trs) + "\n")
+        parts.append(
+            f"<details><summary>{j['face']} face, {j['nprocs']} ranks: every table</summary>\n\n"
+            + "\n".join(body)
+            + "\n</details>"
+        )
+    return "\n\n".join(parts) + "\n"

@@ -42,7 +42,7 @@ class JobConfig:
     ops: tuple[str, ...]
     sizes: tuple[int, ...]
     compare: bool
-    repeat: int = 3
+    repeat: int = 5
     iters: int = 0  # 0: by size (``iterations``)
     warmup: int = 0  # 0: by size
     latency: bool = True
@@ -55,7 +55,9 @@ def iterations(nbytes: int, cfg: JobConfig) -> tuple[int, int]:
     """(warm-up calls, timed calls per repetition) for a case of ``nbytes``."""
     if cfg.iters:
         return (cfg.warmup or 2), cfg.iters
-    iters = max(3, min(40, (64 << 20) // max(1, nbytes)))
+    # Many short repetitions rather than a few long ones: load on a shared machine comes in
+    # bursts, and the alternation only compares like with like when bursts are shorter.
+    iters = max(2, min(24, (64 << 20) // max(1, nbytes)))
     warm = cfg.warmup or (1 if nbytes >= (16 << 20) else 2 if nbytes >= (1 << 20) else 5)
     return warm, iters
 
@@ -385,8 +387,8 @@ class Worker:
         reps = self.cfg.repeat
         if latency:
             # Short calls, so more alternations (load on a shared machine comes in bursts).
-            iters = 60 if op != "stream" else 8
-            reps = max(5, 2 * reps + 1)
+            iters = 40 if op != "stream" else 6
+            reps = max(7, reps + 2)
         fns: dict[str, Call] = {}
         wrong: dict[str, int] = {}
         for rt in self.runtimes:
