@@ -292,7 +292,7 @@ def is_initialized() -> bool:
 
 def resolve_group(group: Any) -> ProcessGroup:
     """The group an operation runs on: ``group`` itself, or the default group for None / WORLD."""
-    if group is None or group is _WORLD_SENTINEL:
+    if group is None or group is WORLD:
         return world().default_group
     if isinstance(group, ProcessGroup):
         return group
@@ -307,7 +307,6 @@ class _WorldSentinel:
 
 
 WORLD: Any = _WorldSentinel()
-_WORLD_SENTINEL = WORLD
 
 
 def get_rank(group: Any = None) -> int:

@@ -102,17 +102,18 @@ def _port(value: str | int | None, where: str) -> int:
     return port
 
 
-async def _tcp_store(host: str, port: int, world_size: int, rank: int, timeout: float) -> tuple[Store, bool]:
+async def _tcp_store(host: str, port: int, world_size: int, rank: int, timeout: float) -> Store:
     """Rank 0 (or a process whose rank is yet unknown) hosts the store; others connect.
 
     A would-be host that finds the port taken joins as a client: that is how several jobs
-    with different group names share one address.
+    with different group names share one address. Either way the store (server or client)
+    is this process's to close on destroy.
     """
     if rank in (0, -1):
         master = TCPStore(host, port, world_size if world_size > 0 else None, is_master=True, timeout=timeout)
         try:
             await master.start()
-            return master, True
+            return master
         except (DistStoreError, OSError) as exc:
             cause = exc.__cause__ if isinstance(exc, DistStoreError) else exc
             if not (isinstance(cause, OSError) and cause.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL)):
@@ -120,7 +121,7 @@ async def _tcp_store(host: str, port: int, world_size: int, rank: int, timeout: 
             await master.aclose()
     client = TCPStore(host, port, world_size if world_size > 0 else None, is_master=False, timeout=timeout)
     await client.start()
-    return client, True
+    return client
 
 
 async def resolve_rendezvous(
@@ -158,8 +159,8 @@ async def resolve_rendezvous(
             raise DistValueError(
                 "init_method env:// needs RANK (or rank=, or an mpirun/PMI/Slurm rank variable)"
             )
-        st, owns = await _tcp_store(host, port, world_size, rank, timeout)
-        return Rendezvous(st, rank, world_size, owns, host)
+        st = await _tcp_store(host, port, world_size, rank, timeout)
+        return Rendezvous(st, rank, world_size, True, host)
 
     if url.scheme == "tcp":
         host = url.hostname or ""
@@ -185,8 +186,8 @@ async def resolve_rendezvous(
             )
             await st2.start()
             return Rendezvous(st2, found.rank, world_size, True, found.master_addr)
-        st, owns = await _tcp_store(host, port, world_size, rank, timeout)
-        return Rendezvous(st, rank, world_size, owns, host)
+        st = await _tcp_store(host, port, world_size, rank, timeout)
+        return Rendezvous(st, rank, world_size, True, host)
 
     if url.scheme == "file":
         path = url.path

@@ -15,11 +15,12 @@ import os
 import random
 import struct
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 import pytest
+from waits import closed_within, eventually
 
 import aiodist.wire.frames as frames_mod
 from aiodist.errors import DistError, DistNetworkError, DistTimeoutError
@@ -64,24 +65,6 @@ async def mesh2() -> AsyncIterator[list[TcpTransport]]:
 
 def groups(ts: list[TcpTransport], timeout: float = 10.0) -> list[ProcessGroup]:
     return [ProcessGroup(t, range(len(ts)), 0, timeout=timeout) for t in ts]
-
-
-async def eventually(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
-
-
-async def read_until_closed(reader: asyncio.StreamReader, timeout: float) -> float:
-    t0 = time.monotonic()
-    async with asyncio.timeout(timeout):
-        try:
-            while await reader.read(65536):
-                pass
-        except ConnectionResetError:
-            pass
-    return time.monotonic() - t0
 
 
 async def raw_peer(port: int, rank: int, *, secret: bytes | None = SECRET, job: str = JOB) -> Any:
@@ -143,7 +126,7 @@ async def test_garbage_on_a_peer_port_is_dropped(
             writer.close()
         else:
             writer.write(GARBAGE[kind])
-            took = await read_until_closed(reader, 3.0)
+            took = await closed_within(reader, 3.0)
             assert took < 1.5, took  # the handshake deadline is 0.5 s
             writer.close()
         await eventually(lambda: ts[0]._pending_handshakes == 0)
@@ -172,7 +155,7 @@ async def test_strangers_are_capped_and_dropped_at_the_deadline(monkeypatch: pyt
             w.write(b"\x00")
         await asyncio.sleep(0.1)
         assert ts[0]._pending_handshakes <= 50
-        closed = await asyncio.gather(*(read_until_closed(r, 3.0) for r, _ in conns))
+        closed = await asyncio.gather(*(closed_within(r, 3.0) for r, _ in conns))
         assert sum(t < 0.3 for t in closed) >= 60  # beyond the cap: dropped at once
         assert max(closed) < 1.5  # the rest at the deadline
         for _, w in conns:
@@ -223,7 +206,7 @@ async def test_wrong_secret_is_refused_and_nothing_it_sent_is_decoded(
     hello = make_hello(parse_challenge(got[0]), JOB, 1, b"wrong")
     marker = [KIND_DATA, 0, 1, 0, ["evil-marker", 0]]
     writer.write(encode_frame(hello.pack()) + encode_frame(marker, 3) + b"abc")
-    await read_until_closed(reader, 3.0)
+    await closed_within(reader, 3.0)
     writer.close()
     assert not any(isinstance(h, list) and h[-1:] == [["evil-marker", 0]] for h in decoded)
     assert mesh2[0].mailbox.unexpected_bytes == 0
@@ -306,7 +289,7 @@ async def test_authenticated_peer_sending_a_bad_frame_breaks_cleanly(kind: str) 
         blob, why = BAD_FRAMES[kind]
         writer.write(blob)
         t_sent = time.monotonic()
-        await read_until_closed(reader, 3.0)
+        await closed_within(reader, 3.0)
         with pytest.raises(DistNetworkError, match="rank 1") as info:
             await asyncio.wait_for(pending, 3.0)
         assert time.monotonic() - t_sent < 1.0

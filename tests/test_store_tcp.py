@@ -14,10 +14,11 @@ import random
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from waits import closed_within, eventually
 
 from aiodist.errors import DistStoreError, DistTimeoutError, DistTypeError, DistValueError
 from aiodist.store import StoreServer, TCPStore
@@ -52,25 +53,6 @@ def server_of(m: TCPStore) -> StoreServer:
     server = m.server
     assert server is not None
     return server
-
-
-async def eventually(cond: Callable[[], bool], timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
-
-
-async def closed_within(reader: asyncio.StreamReader, timeout: float) -> float:
-    """Read until the server closes the connection; return how long that took."""
-    t0 = time.monotonic()
-    async with asyncio.timeout(timeout):
-        try:
-            while await reader.read(65536):
-                pass
-        except ConnectionResetError:
-            pass
-    return time.monotonic() - t0
 
 
 async def authenticated(port: int, secret: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
