@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 import uvloop
 
+from aiodist import _busy_poll
+
 T = TypeVar("T")
 
 __all__ = ["LoopThread", "Waiter", "get_loop_thread", "thread_waiter"]
@@ -106,6 +108,8 @@ class LoopThread:
 
     def __init__(self, name: str = "aiodist-loop") -> None:
         self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        # Poll only while a caller blocks on this loop (see ``_busy_poll``).
+        _busy_poll.for_loop(self.loop, for_ops=False)
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -199,10 +203,22 @@ def _start_cb(start: Callable[[], asyncio.Future[Any]], w: Waiter) -> None:
     except BaseException as exc:
         w.set_exception(exc)
         return
+    _fill_when_done(fut, w)
+
+
+def _fill_when_done(fut: asyncio.Future[Any], w: Waiter) -> None:
+    """Fill ``w`` from ``fut``, now or once done; the loop polls meanwhile (a caller blocks)."""
     if fut.done():
         w._fill_from(fut)
-    else:
-        fut.add_done_callback(w._fill_from)
+        return
+    poller = _busy_poll.for_loop(fut.get_loop())
+    poller.hold()
+
+    def done(f: asyncio.Future[Any]) -> None:
+        poller.release()
+        w._fill_from(f)
+
+    fut.add_done_callback(done)
 
 
 def wait_future(
@@ -222,10 +238,7 @@ def wait_future(
 
 
 def _watch_cb(fut: asyncio.Future[Any], w: Waiter) -> None:
-    if fut.done():
-        w._fill_from(fut)
-    else:
-        fut.add_done_callback(w._fill_from)
+    _fill_when_done(fut, w)
 
 
 _lock = threading.Lock()

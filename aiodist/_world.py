@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiodist import _engine, _loop_thread
+from aiodist import _busy_poll, _engine, _loop_thread
 from aiodist._staging import CudaStager, Stager
 from aiodist.errors import DistError, DistTimeoutError, DistTypeError, DistValueError
 from aiodist.group import ProcessGroup
@@ -128,6 +128,7 @@ async def init_process_group(
     device = _device(device_id, engine)
     seconds = _seconds(timeout)
     loop = asyncio.get_running_loop()
+    _busy_poll.for_loop(loop)  # reads AIODIST_BUSY_POLL_US: a bad value fails here, before any rendezvous
     rdv = await resolve_rendezvous(
         init_method, rank=rank, world_size=world_size, timeout=seconds, store=store
     )

@@ -15,7 +15,7 @@ import math
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
-from aiodist import _tensors
+from aiodist import _busy_poll, _tensors
 from aiodist.collectives.barrier import barrier as _barrier_algo
 from aiodist.collectives.context import OpContext, byte_view
 from aiodist.errors import (
@@ -52,7 +52,8 @@ class _Op:
     """Bookkeeping of one in-flight operation."""
 
     __slots__ = (
-        "cleanup", "deadline", "error", "future", "is_task", "key", "limit", "name", "survives_loss"
+        "cleanup", "deadline", "error", "future", "is_task", "key", "limit", "name", "polled",
+        "survives_loss",
     )  # fmt: skip
 
     def __init__(self, name: str, key: Key) -> None:
@@ -65,6 +66,7 @@ class _Op:
         self.is_task = False
         self.cleanup: Callable[[], None] | None = None
         self.survives_loss = False  # a diagnostic that reports lost members itself
+        self.polled = False  # holds the loop's busy poller while it waits
 
 
 def _describe_ranks(ranks: Sequence[int | None]) -> str:
@@ -123,6 +125,7 @@ class ProcessGroup:
         # than the rest of the bookkeeping of a small message).
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._deadline_at = math.inf
+        self._poll = _busy_poll.for_loop(self.loop)
         if self.rank >= 0:
             transport.add_peer_lost_listener(self._on_peer_lost)
             transport.add_key_failed_listener(self._on_key_failed)
@@ -217,6 +220,9 @@ class ProcessGroup:
     def _track(self, op: _Op, fut: asyncio.Future[Any], timeout: float | None) -> None:
         op.future = fut
         self._inflight[fut] = op
+        if self._poll.for_ops:
+            op.polled = True
+            self._poll.hold()
         t = self.timeout if timeout is None else timeout
         if t is not None and t > 0 and t != math.inf:
             op.limit = t
@@ -226,7 +232,9 @@ class ProcessGroup:
         fut.add_done_callback(self._untrack)
 
     def _untrack(self, fut: asyncio.Future[Any]) -> None:
-        self._inflight.pop(fut, None)
+        op = self._inflight.pop(fut, None)
+        if op is not None and op.polled:
+            self._poll.release()
 
     def _arm_deadline(self, when: float) -> None:
         if self._deadline_timer is not None:

@@ -58,7 +58,7 @@ def algo(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
         monkeypatch.setattr(select, "SEGMENT_BYTES", 256)
         monkeypatch.setattr(select, "RING_SLOTS", 2)
         monkeypatch.setattr(select, "THREAD_REDUCE_BYTES", 512)
-        monkeypatch.setattr(select, "_offload", True)  # worker threads whatever the core count
+        monkeypatch.setattr(select._host, "has_spare_core", lambda: True)  # worker threads whatever the cores
     else:
         monkeypatch.setattr(select, "TREE_GATHER_BYTES", 1 << 40)  # gather/scatter trees, every size here
         monkeypatch.setattr(select, "TREE_GATHER_MIN_RANKS", 2)

@@ -58,7 +58,7 @@ gather, bytes per rank: binomial tree / direct::
 
 from __future__ import annotations
 
-import os
+from aiodist import _host
 
 __all__ = [
     "ALLGATHER_RING_BYTES",
@@ -105,9 +105,6 @@ THREAD_REDUCE_BYTES = 512 * 1024
 RD_ALLREDUCE = "recursive doubling"
 
 
-_offload: bool | None = None
-
-
 def offload_reduction(nbytes: int) -> bool:
     """Run a reduction of ``nbytes`` in a worker thread (True) or inline on the loop?
 
@@ -115,21 +112,9 @@ def offload_reduction(nbytes: int) -> bool:
     has a core to spare for it: with as many ranks as cores (2 cores here) the hop (a thread
     wake-up, the GIL hand-over, a loop wake-up) is pure cost. Measured, 64 MiB all_reduce on
     4 ranks: 157 ms (71 ms CPU per rank) offloaded, 125 ms (58 ms) inline; 16 MiB on 2 ranks:
-    24.7 ms offloaded, 20.1 ms inline. Ranks on this host: ``LOCAL_WORLD_SIZE`` (set by the
-    launchers), else ``WORLD_SIZE``, else 1. Local only: ranks need not agree on it.
+    24.7 ms offloaded, 20.1 ms inline. Ranks on this host: see ``aiodist._host.local_ranks``.
     """
-    global _offload
-    if _offload is None:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cores = os.cpu_count() or 1
-        try:
-            local = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
-        except ValueError:
-            local = 1
-        _offload = cores > local
-    return _offload and nbytes >= THREAD_REDUCE_BYTES
+    return nbytes >= THREAD_REDUCE_BYTES and _host.has_spare_core()
 
 
 def segment_elems(itemsize: int) -> int:

@@ -1,0 +1,39 @@
+"""What this host offers the ranks running on it: cores, and how many ranks share them."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+__all__ = ["cores", "has_core_per_rank", "has_spare_core", "local_ranks"]
+
+
+@functools.cache
+def cores() -> int:
+    """The cores this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@functools.cache
+def local_ranks() -> int:
+    """Ranks on this host: ``LOCAL_WORLD_SIZE`` (set by the launchers), else ``WORLD_SIZE``, else 1.
+
+    Local knowledge only: ranks need not agree on anything derived from it.
+    """
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1))
+    except ValueError:
+        return 1
+
+
+def has_core_per_rank() -> bool:
+    """Every rank of this host can have a core to itself (so polling takes nobody's core)."""
+    return cores() >= local_ranks()
+
+
+def has_spare_core() -> bool:
+    """There is a core beyond one per rank (so a worker thread runs beside every loop)."""
+    return cores() > local_ranks()
