@@ -375,12 +375,32 @@ class ProcessGroup:
             raise DistTypeError(f"tag must be an int, got {type(tag).__name__}")
         return tag
 
+    def _p2p_args(self, what: str, tensor: Any, peer: Any, tag: Any) -> tuple[int | None, int, Any]:
+        """The checked arguments of a send (``what="send"``) or a receive: peer, tag, array.
+
+        Only reads the group, so the sync face also calls it (``check_p2p``) from the caller's
+        thread, to raise a user's mistake at the call of a non-blocking send or receive.
+        """
+        self.check_usable(what)
+        if peer is not None:
+            peer = self._peer(peer, "dst" if what == "send" else "src", what)
+        tag = self._check_tag(tag)
+        arr = _tensors.as_array(tensor, arg="tensor", writable=what != "send")
+        return peer, tag, arr
+
+    def check_p2p(self, what: str, tensor: Any, peer: int | None, tag: int) -> None:
+        """Raise what ``send``/``recv`` would raise for these arguments (any thread).
+
+        Raises:
+            DeviceTensorError: a tensor not in host memory (which is staged, not refused).
+        """
+        self._p2p_args(what, tensor, peer, tag)
+
     def send(self, tensor: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Work:
         """Send ``tensor`` to global rank ``dst``. Completes when ``tensor`` may be reused."""
-        self.check_usable("send")
-        dst = self._peer(dst, "dst", "send")
-        tag = self._check_tag(tag)
-        arr = _tensors.as_array(tensor, arg="tensor", writable=False)
+        peer, tag, arr = self._p2p_args("send", tensor, dst, tag)
+        assert peer is not None
+        dst = peer
         key = (self.gid, P2P, tag)
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
         name = f"send to rank {dst} (tag {tag})"
@@ -394,11 +414,7 @@ class ProcessGroup:
 
     def recv(self, tensor: Any, src: int | None = None, tag: int = 0, timeout: float | None = None) -> Work:
         """Receive into ``tensor`` from global rank ``src`` (None: any member). Result: the sender."""
-        self.check_usable("recv")
-        if src is not None:
-            src = self._peer(src, "src", "recv")
-        tag = self._check_tag(tag)
-        arr = _tensors.as_array(tensor, arg="tensor", writable=True)
+        src, tag, arr = self._p2p_args("recv", tensor, src, tag)
         key = (self.gid, P2P, tag)
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
         name = f"recv from {'any rank' if src is None else f'rank {src}'} (tag {tag})"

@@ -4,20 +4,25 @@ A blocking call starts its operation on the loop thread and waits for it; with
 ``async_op=True`` it returns the ``Work`` (whose ``wait()`` blocks the calling thread).
 Operations are started by a plain callback and waited on with the thread's own lock
 (``aiodist._loop_thread``): no Task and no ``concurrent.futures.Future`` on the hot path.
+``isend``/``irecv`` do not wait even for the start (``start_p2p``): a pipeline of them costs
+the caller no thread hop per message.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from aiodist._loop_thread import get_loop_thread
 from aiodist._staging import on_caller_stream
+from aiodist._tensors import DeviceTensorError
+from aiodist._world import resolve_group
 from aiodist.errors import DistError
 from aiodist.work import Work
 
-__all__ = ["call", "on_loop", "run"]
+__all__ = ["call", "on_loop", "run", "start_p2p"]
 
 T = TypeVar("T")
 
@@ -49,3 +54,52 @@ def on_loop(fn: Callable[[], T]) -> T:
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine (init, new_group, destroy...) on the loop thread and block for its result."""
     return get_loop_thread().run(coro)
+
+
+def start_p2p(fn: Callable[[], Work], what: str, tensor: Any, peer: int | None, group: Any, tag: int) -> Work:
+    """Start the send or receive ``fn()`` (``what``: "send"/"recv") and return its Work at once.
+
+    The arguments are checked here, in the caller's thread, so a mistake raises at the call as
+    in torch; the operation is then posted to the loop thread without waiting for it to start
+    (a burst of 100 ``isend`` of 8 B cost a round trip to the loop thread each: 30-170 µs a
+    message on 2 vCPUs). Calls from one thread reach the loop in order, so messages between a
+    pair keep their order. CUDA tensors and torch engines take the blocking start (``call``).
+    """
+    lt = get_loop_thread()
+    g = resolve_group(group)
+    if g.engine is None and not lt.in_loop_thread():
+        try:
+            g.check_p2p(what, tensor, peer, tag)
+        except DeviceTensorError:
+            pass  # staged through host memory: started on the loop as any other call
+        else:
+            work = Work(lt.loop.create_future(), f"{what} (starting)")
+            lt.loop.call_soon_threadsafe(_start_into, fn, work)
+            return work
+    return call(fn, True)  # type: ignore[no-any-return]
+
+
+def _start_into(fn: Callable[[], Work], work: Work) -> None:
+    """On the loop: start ``fn()`` and let ``work`` follow the Work it returns."""
+    out = work._future
+    try:
+        started = fn()
+    except BaseException as exc:  # the group broke or went away since the caller checked
+        out.set_exception(exc)
+        return
+    work.name = started.name
+    if started._future.done():
+        _follow(out, started._future)
+    else:
+        started._future.add_done_callback(functools.partial(_follow, out))
+
+
+def _follow(out: asyncio.Future[Any], src: asyncio.Future[Any]) -> None:
+    if out.done():
+        return
+    if src.cancelled():
+        out.cancel()
+    elif (exc := src.exception()) is not None:
+        out.set_exception(exc)
+    else:
+        out.set_result(src.result())

@@ -23,7 +23,7 @@ import aiodist._world as _world
 from aiodist.errors import DistError, DistTypeError, DistValueError
 from aiodist.group import ProcessGroup
 from aiodist.ops import check_reduce
-from aiodist.sync._bridge import call, on_loop, run
+from aiodist.sync._bridge import call, on_loop, run, start_p2p
 from aiodist.work import Work
 
 __all__ = [
@@ -529,7 +529,7 @@ def isend(
     if not_in_group(group, "isend"):
         return None
     peer = _peer(dst, group_dst, group, "dst")
-    return call(lambda: _p2p.isend(tensor, peer, group, tag), True)  # type: ignore[no-any-return]
+    return start_p2p(lambda: _p2p.isend(tensor, peer, group, tag), "send", tensor, peer, group, tag)
 
 
 def irecv(
@@ -539,7 +539,7 @@ def irecv(
     if not_in_group(group, "irecv"):
         return None
     peer = None if src is None and group_src is None else _peer(src, group_src, group, "src")
-    return call(lambda: _p2p.irecv(tensor, peer, group, tag), True)  # type: ignore[no-any-return]
+    return start_p2p(lambda: _p2p.irecv(tensor, peer, group, tag), "recv", tensor, peer, group, tag)
 
 
 #: torch's ``P2POp(op, tensor, peer=None, group=None, tag=0, group_peer=None)``.
