@@ -388,13 +388,15 @@ class ProcessGroup:
         arr = _tensors.as_array(tensor, arg="tensor", writable=what != "send")
         return peer, tag, arr
 
-    def check_p2p(self, what: str, tensor: Any, peer: int | None, tag: int) -> None:
+    def check_p2p(self, what: str, tensor: Any, peer: int | None, tag: int) -> Any:
         """Raise what ``send``/``recv`` would raise for these arguments (any thread).
 
+        Returns:
+            The tensor's memory as a numpy array (what the operation may be given instead).
         Raises:
             DeviceTensorError: a tensor not in host memory (which is staged, not refused).
         """
-        self._p2p_args(what, tensor, peer, tag)
+        return self._p2p_args(what, tensor, peer, tag)[2]
 
     def send(self, tensor: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Work:
         """Send ``tensor`` to global rank ``dst``. Completes when ``tensor`` may be reused."""

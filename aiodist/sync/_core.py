@@ -529,7 +529,7 @@ def isend(
     if not_in_group(group, "isend"):
         return None
     peer = _peer(dst, group_dst, group, "dst")
-    return start_p2p(lambda: _p2p.isend(tensor, peer, group, tag), "send", tensor, peer, group, tag)
+    return start_p2p(lambda t: _p2p.isend(t, peer, group, tag), "send", tensor, peer, group, tag)
 
 
 def irecv(
@@ -539,7 +539,7 @@ def irecv(
     if not_in_group(group, "irecv"):
         return None
     peer = None if src is None and group_src is None else _peer(src, group_src, group, "src")
-    return start_p2p(lambda: _p2p.irecv(tensor, peer, group, tag), "recv", tensor, peer, group, tag)
+    return start_p2p(lambda t: _p2p.irecv(t, peer, group, tag), "recv", tensor, peer, group, tag)
 
 
 #: torch's ``P2POp(op, tensor, peer=None, group=None, tag=0, group_peer=None)``.
