@@ -86,13 +86,10 @@ class BusyPoll:
 _pollers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BusyPoll] = weakref.WeakKeyDictionary()
 
 
-def for_loop(loop: asyncio.AbstractEventLoop, *, for_ops: bool | None = None) -> BusyPoll:
-    """The busy poller of ``loop`` (created on first use; ``for_ops`` set by its creator)."""
+def for_loop(loop: asyncio.AbstractEventLoop, *, for_ops: bool = True) -> BusyPoll:
+    """The busy poller of ``loop``, created on first use (``for_ops`` counts only then: the
+    loop thread of the sync face creates its poller before anything else touches its loop)."""
     poller = _pollers.get(loop)
     if poller is None:
-        poller = _pollers[loop] = BusyPoll(
-            loop, budget_from_env(), for_ops=True if for_ops is None else for_ops
-        )
-    elif for_ops is not None:
-        poller.for_ops = for_ops
+        poller = _pollers[loop] = BusyPoll(loop, budget_from_env(), for_ops=for_ops)
     return poller

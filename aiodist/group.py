@@ -52,8 +52,7 @@ class _Op:
     """Bookkeeping of one in-flight operation."""
 
     __slots__ = (
-        "cleanup", "deadline", "error", "future", "is_task", "key", "limit", "name", "polled",
-        "survives_loss",
+        "cleanup", "deadline", "error", "future", "is_task", "key", "limit", "name", "survives_loss"
     )  # fmt: skip
 
     def __init__(self, name: str, key: Key) -> None:
@@ -66,7 +65,6 @@ class _Op:
         self.is_task = False
         self.cleanup: Callable[[], None] | None = None
         self.survives_loss = False  # a diagnostic that reports lost members itself
-        self.polled = False  # holds the loop's busy poller while it waits
 
 
 def _describe_ranks(ranks: Sequence[int | None]) -> str:
@@ -220,8 +218,7 @@ class ProcessGroup:
     def _track(self, op: _Op, fut: asyncio.Future[Any], timeout: float | None) -> None:
         op.future = fut
         self._inflight[fut] = op
-        if self._poll.for_ops:
-            op.polled = True
+        if self._poll.for_ops:  # fixed per loop, so _untrack releases exactly what this held
             self._poll.hold()
         t = self.timeout if timeout is None else timeout
         if t is not None and t > 0 and t != math.inf:
@@ -232,8 +229,7 @@ class ProcessGroup:
         fut.add_done_callback(self._untrack)
 
     def _untrack(self, fut: asyncio.Future[Any]) -> None:
-        op = self._inflight.pop(fut, None)
-        if op is not None and op.polled:
+        if self._inflight.pop(fut, None) is not None and self._poll.for_ops:
             self._poll.release()
 
     def _arm_deadline(self, when: float) -> None:
