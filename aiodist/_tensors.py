@@ -59,6 +59,9 @@ def _is_cuda(obj: Any) -> bool:
     return bool(is_torch_tensor(obj) and obj.device.type == "cuda")
 
 
+_IS_CUDA = _is_cuda
+
+
 class DeviceTensorError(DistValueError):
     """A CUDA tensor reached code that only views host memory.
 
@@ -126,6 +129,25 @@ def as_array(obj: object, *, arg: str, writable: bool) -> npt.NDArray[Any]:
             if not writable:
                 flat.flags.writeable = False
             return flat
+    plain = _torch_plain or _load_torch_plain()
+    if plain is not None and type(obj) is plain[0] and _is_cuda is _IS_CUDA:
+        # Fast path for a plain CPU tensor (every sync-face call passes here): the checks of
+        # _torch_view in their cheapest form, 1.5 µs instead of 2.9 (timeit). ``is_cpu``
+        # stands for ``_is_cuda``, so the path is skipped while that hook is replaced (tests
+        # pretend CUDA through it).
+        t: Any = obj
+        if (
+            t.dtype in plain[1]
+            and t.layout is plain[2]
+            and t.is_cpu
+            and t.is_contiguous()
+            and not t.is_conj()
+            and not t.is_neg()
+        ):
+            flat = t.detach().numpy().reshape(-1)
+            if not writable:
+                flat.flags.writeable = False
+            return cast("npt.NDArray[Any]", flat)
     if isinstance(obj, np.ndarray):
         arr = _numpy_view(obj, arg, writable)
     elif is_torch_tensor(obj):
@@ -137,6 +159,24 @@ def as_array(obj: object, *, arg: str, writable: bool) -> npt.NDArray[Any]:
     if not writable:
         flat.flags.writeable = False
     return flat
+
+
+#: (torch.Tensor, the torch dtypes numpy views directly, torch.strided), once torch is imported.
+_torch_plain: tuple[type, frozenset[Any], Any] | None = None
+
+
+def _load_torch_plain() -> tuple[type, frozenset[Any], Any] | None:
+    global _torch_plain
+    torch = sys.modules.get("torch")
+    tensor_type = getattr(torch, "Tensor", None)
+    strided = getattr(torch, "strided", None)
+    if not isinstance(tensor_type, type) or strided is None:  # no torch, or half-imported
+        return None
+    dtypes = frozenset(
+        getattr(torch, name) for name in SUPPORTED_DTYPE_NAMES if name != "bfloat16" and hasattr(torch, name)
+    )
+    _torch_plain = (tensor_type, dtypes, strided)
+    return _torch_plain
 
 
 def _numpy_view(arr: npt.NDArray[Any], arg: str, writable: bool) -> npt.NDArray[Any]:

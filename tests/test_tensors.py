@@ -207,7 +207,9 @@ def test_torch_requires_grad_and_parameter() -> None:
     v[:] = 3.0
     assert p.requires_grad and p.detach().tolist() == [3.0] * 4
     g = torch.ones(2, 2, requires_grad=True)
-    as_array(g, arg="t", writable=False)
+    ro = as_array(g, arg="t", writable=False)
+    assert not ro.flags.writeable and ro.ctypes.data == g.data_ptr()  # an input: read-only view
+    assert as_array(g, arg="t", writable=True).flags.writeable
 
 
 @needs_torch
