@@ -28,10 +28,17 @@ T = 3.0
 
 
 async def _store_barrier(name: str, size: int) -> None:
+    """Wait until every rank has arrived; rank 0, which hosts the store, also waits until every
+    rank has seen that, so a rank that destroys its group right after cannot close the store
+    under one still polling it."""
     store = world().store
     await store.add(f"barrier/{name}", 1)
     while int(await store.get(f"barrier/{name}")) < size:
         await asyncio.sleep(0.02)
+    await store.add(f"barrier/{name}/seen", 1)
+    if dist.get_rank() == 0:
+        while int(await store.get(f"barrier/{name}/seen")) < size:
+            await asyncio.sleep(0.02)
 
 
 async def _skip_slow_mismatch(rank: int, size: int) -> dict[str, Any]:
