@@ -1,6 +1,6 @@
 """Your first aiodist program, async face: two collectives in flight at once.
 
-    aiodist-run --standalone --nproc-per-node 2 examples/hello_async.py
+aiodist-run --standalone --nproc-per-node 2 examples/hello_async.py
 """
 
 import asyncio

@@ -1,6 +1,6 @@
 """Your first aiodist program, sync face: a torch.distributed script with one line changed.
 
-    aiodist-run --standalone --nproc-per-node 2 examples/hello_sync.py
+aiodist-run --standalone --nproc-per-node 2 examples/hello_sync.py
 """
 
 import torch
