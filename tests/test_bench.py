@@ -147,7 +147,9 @@ def test_targets_without_gloo_are_refused(capsys: pytest.CaptureFixture[str]) ->
 def test_spread_formatting() -> None:
     assert report.format_spread({"min_us": 44.12, "max_us": 47.25}) == "44.1-47.2"
     assert report.format_spread({"min_us": 36030.7, "max_us": 38000.2}) == "36031-38000"
-    assert report.format_spread({"time_us": 1.0}) == "-"  # saved before the spread existed
+    # Saved before the spread was recorded: from the repetitions, else nothing to show.
+    assert report.format_spread({"time_us": 46.0, "reps_us": [47.0, 45.5, 46.0]}) == "45.5-47.0"
+    assert report.format_spread({"time_us": 1.0}) == "-"
 
 
 class _Terminal(io.StringIO):

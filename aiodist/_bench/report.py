@@ -92,8 +92,11 @@ _IMPL_W = len(_IMPL_COLS)
 def format_spread(res: dict[str, Any]) -> str:
     """``min-max`` of the repetitions (µs per call), as many digits as the size of the figures needs."""
     lo, hi = res.get("min_us"), res.get("max_us")
-    if lo is None or hi is None:  # a run saved before the spread was recorded
-        return "-"
+    if lo is None or hi is None:  # a run saved before the spread was recorded: from its repetitions
+        reps = res.get("reps_us")
+        if not reps:
+            return "-"
+        lo, hi = min(reps), max(reps)
     digits = 1 if hi < 1000 else 0
     return f"{lo:.{digits}f}-{hi:.{digits}f}"
 
