@@ -2,8 +2,10 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# The CPU build of torch lies on this machine's disk; point pip at it so no other build is fetched.
+# Where a CPU build of torch lies on disk (/opt/wheels here), it is installed from there first
+# (--no-index: never from the network), so the `torch` extra, already satisfied, fetches nothing.
 WHEELS := $(wildcard /opt/wheels)
+LOCAL_TORCH := $(if $(WHEELS),$(wildcard $(WHEELS)/torch-2.13.0*.whl))
 PIP_FLAGS := $(if $(WHEELS),--find-links $(WHEELS),)
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
@@ -16,6 +18,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(if $(LOCAL_TORCH),$(PY) -m pip install -q --no-index --find-links $(WHEELS) --no-deps 'torch==2.13.0')
 	$(PY) -m pip install -q $(PIP_FLAGS) -e '.[torch,test,dev]'
 	touch $(STAMP)
 
@@ -38,10 +41,11 @@ $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install -q $(PIP_FLAGS) -e '.[torch,test,dev,bench]'
 	touch $(BENCH_STAMP)
 
-# nccl-tests style tables, aiodist (both faces) vs gloo, 2 and 4 ranks; then the DDP step benchmark.
+# nccl-tests style tables, aiodist (both faces) vs gloo, 2 and 4 ranks, with the memory probe and
+# the targets of BENCHMARKS.md; then the DDP step benchmark.
 bench: $(BENCH_STAMP)
 	mkdir -p $(BENCH_OUT)
-	$(PY) -m aiodist.bench --compare gloo --json $(BENCH_OUT)/bench.json --plot $(BENCH_OUT)/algbw.png
+	$(PY) -m aiodist.bench --compare gloo --memory --targets --json $(BENCH_OUT)/bench.json --plot $(BENCH_OUT)/algbw.png
 	$(PY) -m aiodist.parallel.bench_ddp --json $(BENCH_OUT)/ddp.json
 
 lint: install

@@ -4,6 +4,7 @@ Usage::
 
     aiodist-bench                              # 2 and 4 ranks, both faces, 4 B .. 64 MiB
     aiodist-bench --compare gloo --json out.json --plot out.png
+    aiodist-bench --compare gloo --memory --targets   # also the memory probe and the targets
     aiodist-bench -np 2 --faces async --ops all_reduce -b 1K -e 16M -f 2
     aiodist-bench --from-json out.json --plot out.png   # re-render saved results
 
@@ -12,11 +13,13 @@ Each job (one world size, one face) runs its ranks as processes on loopback. Wit
 measured for both runtimes on the same buffers, the repetitions alternating between them, so
 that both see the same machine load. Columns follow nccl-tests: ``size`` (bytes of the
 larger buffer), ``count``, ``type``, ``redop``, ``root``, ``time`` (µs per call: the slowest
-rank, median over repetitions), ``algbw = size / time`` and ``busbw = algbw x factor``
+rank, median over repetitions), ``min-max`` (the fastest and slowest repetition, µs per call),
+``algbw = size / time`` and ``busbw = algbw x factor``
 (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all, gather, scatter (n-1)/n;
 broadcast, reduce, sendrecv 1), ``#wrong`` (elements that differ from the expected result,
 summed over ranks); ``speedup`` is gloo's time over aiodist's (the algbw ratio).
-The exit status is 1 when a job failed or a result was wrong.
+A progress line with an ETA goes to stderr. The exit status is 1 when a job failed or a
+result was wrong.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiodist._bench import cases, report
+from aiodist._bench.progress import Progress
 from aiodist._bench.worker import JobConfig, worker_main
 from aiodist.testing.procs import free_port
 
@@ -75,16 +79,22 @@ def _fmt_size(n: int) -> str:
     return f"{n} B"
 
 
-def run_job(cfg: JobConfig, *, quiet: bool = False) -> dict[str, Any]:
+def run_job(cfg: JobConfig, *, quiet: bool = False, progress: Progress | None = None) -> dict[str, Any]:
     """Run one job (``cfg.nprocs`` processes, one face) and return its results.
 
-    Rows are printed as they complete unless ``quiet``. On a failure the job's processes are
-    killed and the result has an ``error``.
+    Rows are printed as they complete unless ``quiet``; ``progress`` hears of every finished
+    case. On a failure the job's processes are killed and the result has an ``error``.
     """
 
     def say(text: str) -> None:
         if not quiet:
+            if progress is not None:
+                progress.clear()
             print(text, flush=True)
+
+    def step(what: str) -> None:
+        if progress is not None:
+            progress.step(what)
 
     n = cfg.nprocs
     ctx = mp.get_context("spawn")
@@ -148,6 +158,7 @@ def run_job(cfg: JobConfig, *, quiet: bool = False) -> dict[str, Any]:
                 if all(len(v) == n for v in mem.values()) and len(mem) == len(impls):
                     job["memory"] = {k: [v[r] for r in range(n)] for k, v in mem.items()}
                     say(report.format_memory(job["memory"], nbytes))
+                    step("memory probe")
             elif kind in ("case", "latency"):
                 _, rank, op, nbytes, count, data = item
                 slot = pending.setdefault((kind, op, nbytes), {})
@@ -161,6 +172,7 @@ def run_job(cfg: JobConfig, *, quiet: bool = False) -> dict[str, Any]:
                     latency_left -= 1
                     if latency_left == 0:
                         say(report.format_latency(job["latency"]))
+                    step(job["latency"][-1]["case"])
                     continue
                 row = report.aggregate(op, nbytes, slot[0][0], n, reports)
                 job["rows"].append(row)
@@ -168,6 +180,7 @@ def run_job(cfg: JobConfig, *, quiet: bool = False) -> dict[str, Any]:
                     header_for = op
                     say(report.format_table_header(op, impls))
                 say(report.format_table_row(row))
+                step(f"{op} {_fmt_size(row['size'])}")
     except (RuntimeError, KeyboardInterrupt) as exc:
         job["error"] = str(exc)
         say(f"# job failed: {exc}")
@@ -179,6 +192,8 @@ def run_job(cfg: JobConfig, *, quiet: bool = False) -> dict[str, Any]:
                 p.kill()
                 p.join(5)
     job["seconds"] = time.monotonic() - t_start
+    if progress is not None:
+        progress.end_job()
     return job
 
 
@@ -216,11 +231,22 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("-w", "--warmup", type=int, default=0, help="warm-up calls (default: by size)")
     ap.add_argument("--no-latency", action="store_true", help="skip the latency rows")
     ap.add_argument(
+        "--memory",
         "--memory-bytes",
+        dest="memory_bytes",
         type=parse_size,
-        default=64 << 20,
-        help="size of the all_reduce of the memory check (0: skip; default 64M)",
+        nargs="?",
+        const=64 << 20,
+        default=0,
+        metavar="SIZE",
+        help="also measure the RSS a large all_reduce adds (of SIZE, default 64M; allocates it per rank)",
     )
+    ap.add_argument(
+        "--targets",
+        action="store_true",
+        help="print which performance targets hold (ratios against gloo; needs --compare gloo)",
+    )
+    ap.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     ap.add_argument("--json", metavar="FILE", help="save every figure as JSON")
     ap.add_argument("--plot", metavar="PNG", help="draw algbw vs size per operation (needs matplotlib)")
     ap.add_argument("--from-json", metavar="FILE", help="do not run: print and plot a saved JSON file")
@@ -229,12 +255,12 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _print_summary(jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    verdicts = report.targets(jobs)
+def _print_targets(verdicts: Sequence[dict[str, Any]]) -> None:
     text = report.format_targets(verdicts)
     if text:
         print("\n" + text, flush=True)
-    return verdicts
+    else:
+        print("\n# targets: none to judge (they compare against gloo: run with --compare gloo)", flush=True)
 
 
 def _replay(data: dict[str, Any]) -> None:
@@ -259,10 +285,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.from_json) as f:
             data = json.load(f)
         _replay(data)
-        _print_summary(data["jobs"])
+        if args.targets:
+            _print_targets(data.get("targets") or report.targets(data["jobs"]))
         if args.markdown:
             with open(args.markdown, "w") as f:
-                f.write(report.markdown(data))
+                f.write(report.markdown(data, with_targets=args.targets))
             print(f"# markdown written to {args.markdown}")
         if args.plot:
             report.plot(data["jobs"], args.plot, data.get("meta", {}).get("title", ""))
@@ -281,6 +308,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("aiodist-bench: --faces takes async, sync or async,sync", file=sys.stderr)
         return 2
     compare = args.compare == "gloo"
+    if args.targets and not compare:
+        print("aiodist-bench: --targets compares against gloo: add --compare gloo", file=sys.stderr)
+        return 2
     if compare:
         try:
             import torch.distributed as td
@@ -299,24 +329,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" .. {_fmt_size(sizes[-1]) if sizes else '-'}, ops {', '.join(ops)}",
         flush=True,
     )
+    configs = [
+        JobConfig(
+            face=face,
+            nprocs=n,
+            ops=ops,
+            sizes=sizes,
+            compare=compare,
+            repeat=max(1, args.repeat),
+            iters=args.iters,
+            warmup=args.warmup,
+            latency=not args.no_latency,
+            memory_bytes=args.memory_bytes,
+            timeout=args.timeout,
+        )
+        for n in nprocs
+        for face in faces
+    ]
+    progress = Progress(configs, enabled=not args.no_progress)
     jobs = []
-    for n in nprocs:
-        for face in faces:
-            cfg = JobConfig(
-                face=face,
-                nprocs=n,
-                ops=ops,
-                sizes=sizes,
-                compare=compare,
-                repeat=max(1, args.repeat),
-                iters=args.iters,
-                warmup=args.warmup,
-                latency=not args.no_latency,
-                memory_bytes=args.memory_bytes,
-                timeout=args.timeout,
-            )
-            jobs.append(run_job(cfg))
-    verdicts = _print_summary(jobs)
+    try:
+        for i, cfg in enumerate(configs):
+            progress.start_job(i)
+            jobs.append(run_job(cfg, progress=progress))
+    finally:
+        progress.close()
+    verdicts = report.targets(jobs)
+    if args.targets:
+        _print_targets(verdicts)
     failed = [j for j in jobs if "error" in j]
     wrong = sum(res["wrong"] for j in jobs for r in j["rows"] for res in r["impls"].values())
     meta: dict[str, Any] = {
@@ -340,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"# results written to {args.json}")
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(report.markdown(data))
+            f.write(report.markdown(data, with_targets=args.targets))
         print(f"# markdown written to {args.markdown}")
     if args.plot:
         try:

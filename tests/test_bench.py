@@ -1,4 +1,5 @@
-"""Smoke test of ``aiodist-bench``: tiny sizes, 2 ranks; the table's columns and ``#wrong == 0``.
+"""Smoke test of ``aiodist-bench``: tiny sizes, 2 ranks; the table's columns and ``#wrong == 0``;
+the options that add or leave out parts of the output; the progress line.
 
 Benchmarks are not tests: nothing here looks at the figures themselves.
 """
@@ -6,6 +7,7 @@ Benchmarks are not tests: nothing here looks at the figures themselves.
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import re
 
@@ -13,7 +15,9 @@ import numpy as np
 import pytest
 
 from aiodist import bench
-from aiodist._bench import cases
+from aiodist._bench import cases, report
+from aiodist._bench.progress import Progress, format_duration
+from aiodist._bench.worker import JobConfig
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
@@ -63,21 +67,33 @@ def test_bench_cli_two_ranks(tmp_path: pytest.TempPathFactory, capsys: pytest.Ca
         "--ops", "all_reduce,all_gather,reduce_scatter,broadcast,sendrecv",
         "--sizes", "4,4K",
         "-r", "1", "-n", "2", "-w", "1",
-        "--memory-bytes", "1M",
+        "--memory", "1M",
         "--json", str(out_json),
         "--markdown", str(out_md),
     ]  # fmt: skip
     if HAVE_TORCH:
-        argv += ["--compare", "gloo"]
+        argv += ["--compare", "gloo", "--targets"]
     rc = bench.main(argv)
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert rc == 0, text
     header = re.search(
-        r"^#\s+size\s+count\s+type\s+redop\s+root\s+time\(us\)\s+algbw\s+busbw\s+#wrong", text, re.M
+        r"^#\s+size\s+count\s+type\s+redop\s+root\s+time\(us\)\s+min-max\(us\)\s+algbw\s+busbw\s+#wrong",
+        text,
+        re.M,
     )
     assert header, text
+    # A row: size, count, type, redop, root, then per runtime time, min-max, algbw, busbw, #wrong.
+    row = re.search(r"^\s+4096\s+1024\s+float\s+sum\s+-1\s+[\d.]+\s+([\d.]+)-([\d.]+)\s", text, re.M)
+    assert row, text
+    assert float(row.group(1)) <= float(row.group(2))
     if HAVE_TORCH:
         assert "speedup" in header.group(0) or "speedup" in text
+        assert "# targets (ratios against gloo in the same run)" in text
+    assert "issue" not in text.lower()
+    # The progress line goes to stderr (plain lines here: not a terminal), never to the tables.
+    assert "ETA" in captured.err and "ETA" not in text
+    assert re.search(r"job 2/2 \(sync 2 ranks\), job done; \d+/\d+ cases", captured.err), captured.err
     data = json.loads(out_json.read_text())
     jobs = data["jobs"]
     assert [(j["face"], j["nprocs"]) for j in jobs] == [("async", 2), ("sync", 2)]
@@ -90,8 +106,100 @@ def test_bench_cli_two_ranks(tmp_path: pytest.TempPathFactory, capsys: pytest.Ca
             for res in row["impls"].values():
                 assert res["wrong"] == 0
                 assert res["time_us"] > 0 and res["algbw"] >= 0 and res["busbw"] >= 0
+                assert res["min_us"] <= res["time_us"] <= res["max_us"]
+                assert res["min_us"] == min(res["reps_us"]) and res["max_us"] == max(res["reps_us"])
         assert [r["op"] for r in job["latency"]] == ["all_reduce", "barrier", "pingpong", "stream"]
+        for lat in job["latency"]:
+            for res in lat["impls"].values():
+                assert res["min_us"] <= res["time_us"] <= res["max_us"]
         assert job["memory"]["aiodist"]
+        assert job["memory_bytes"] == 1 << 20
     md = out_md.read_text()
-    assert "| size | count | type | redop | root | aiodist time (µs) | algbw | busbw | #wrong |" in md
+    assert (
+        "| size | count | type | redop | root | aiodist time (µs) | min-max (µs) | algbw | busbw | #wrong |"
+        in md
+    )
     assert "### Headline" in md
+    assert ("### Targets" in md) == HAVE_TORCH
+    if HAVE_TORCH:
+        assert data["targets"], "--json keeps the verdicts"
+
+    # Replaying the saved run without --targets prints the tables and no targets.
+    assert bench.main(["--from-json", str(out_json)]) == 0
+    replay = capsys.readouterr().out
+    assert re.search(r"^\s+4096\s+1024\s+float\s+sum", replay, re.M), replay
+    assert "targets" not in replay
+
+
+def test_memory_probe_and_targets_only_when_asked() -> None:
+    args = bench._parser().parse_args([])
+    assert args.memory_bytes == 0 and not args.targets
+    assert bench._parser().parse_args(["--memory"]).memory_bytes == 64 << 20
+    assert bench._parser().parse_args(["--memory", "8M"]).memory_bytes == 8 << 20
+    assert JobConfig(face="async", nprocs=2, ops=(), sizes=(), compare=False).memory_bytes == 0
+
+
+def test_targets_without_gloo_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["--targets", "-np", "2", "--sizes", "4"]) == 2
+    assert "--compare gloo" in capsys.readouterr().err
+
+
+def test_spread_formatting() -> None:
+    assert report.format_spread({"min_us": 44.12, "max_us": 47.25}) == "44.1-47.2"
+    assert report.format_spread({"min_us": 36030.7, "max_us": 38000.2}) == "36031-38000"
+    # Saved before the spread was recorded: from the repetitions, else nothing to show.
+    assert report.format_spread({"time_us": 46.0, "reps_us": [47.0, 45.5, 46.0]}) == "45.5-47.0"
+    assert report.format_spread({"time_us": 1.0}) == "-"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _configs() -> list[JobConfig]:
+    return [
+        JobConfig(face=face, nprocs=2, ops=("all_reduce",), sizes=(4, 1 << 20), compare=True, latency=False)
+        for face in ("async", "sync")
+    ]
+
+
+def test_progress_on_a_terminal_redraws_one_line() -> None:
+    out = _Terminal()
+    p = Progress(_configs(), stream=out)
+    p.start_job(0)
+    p.step("all_reduce 4 B")
+    p.step("all_reduce 1 MiB")
+    p.end_job()
+    p.close()
+    text = out.getvalue()
+    assert "\n" not in text
+    assert text.count("\r\x1b[K") >= 4 and text.endswith("\r\x1b[K")
+    assert "job 1/2 (async 2 ranks), all_reduce 1 MiB; 2/4 cases" in text
+
+
+def test_progress_elsewhere_writes_plain_lines_with_an_eta(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr("aiodist._bench.progress.time.monotonic", lambda: clock[0])
+    out = io.StringIO()
+    p = Progress(_configs(), stream=out, interval=10.0)
+    p.start_job(0)
+    clock[0] += 4.0
+    p.step("all_reduce 4 B")  # not shown: within the interval after the start's line
+    clock[0] += 1.0
+    p.step("all_reduce 1 MiB")  # not shown either
+    p.end_job()  # shown: a job's end always is
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue()
+    assert [ln.split("), ")[1].split(";")[0] for ln in lines] == ["starting", "job done"]
+    assert lines[0].endswith("ETA --:--")
+    # Half of the modelled work is done after 5 s: about as long again is left.
+    eta = p.eta()
+    assert eta is not None and 4.0 < eta < 6.0
+    assert lines[-1].endswith(f"ETA {format_duration(eta)}")
+
+
+def test_format_duration() -> None:
+    assert format_duration(5) == "0:05"
+    assert format_duration(125.4) == "2:05"
+    assert format_duration(3725) == "1:02:05"

@@ -14,6 +14,7 @@ __all__ = [
     "aggregate",
     "format_latency",
     "format_memory",
+    "format_spread",
     "format_table_header",
     "format_table_row",
     "format_targets",
@@ -42,6 +43,8 @@ def aggregate(op: str, nbytes: int, count: int, n: int, reports: Sequence[dict[s
         algbw = row["size"] / t / _GB if t > 0 else 0.0
         impls[name] = {
             "time_us": t * 1e6,
+            "min_us": min(reps) * 1e6,
+            "max_us": max(reps) * 1e6,
             "algbw": algbw,
             "busbw": algbw * cases.busbw_factor(op, n),
             "wrong": wrong,
@@ -59,7 +62,12 @@ def latency_row(op: str, nbytes: int, n: int, reports: Sequence[dict[str, Any]])
     row: Result = {"case": _latency_name(op, nbytes), "op": op, "size": nbytes, "impls": {}}
     for name in reports[0]:
         t, reps = _median_of_slowest([r[name][0] for r in reports])
-        row["impls"][name] = {"time_us": t * scale * 1e6, "reps_us": [x * scale * 1e6 for x in reps]}
+        row["impls"][name] = {
+            "time_us": t * scale * 1e6,
+            "min_us": min(reps) * scale * 1e6,
+            "max_us": max(reps) * scale * 1e6,
+            "reps_us": [x * scale * 1e6 for x in reps],
+        }
     if "gloo" in row["impls"]:
         row["ratio"] = row["impls"]["aiodist"]["time_us"] / row["impls"]["gloo"]["time_us"]
     return row
@@ -76,14 +84,28 @@ def _latency_name(op: str, nbytes: int) -> str:
 
 # -- text -----------------------------------------------------------------------------------------
 
-_IMPL_COLS = f"{'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
+_SPREAD_W = 15
+_IMPL_COLS = f"{'time(us)':>10} {'min-max(us)':>{_SPREAD_W}} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
+_IMPL_W = len(_IMPL_COLS)
+
+
+def format_spread(res: dict[str, Any]) -> str:
+    """``min-max`` of the repetitions (µs per call), as many digits as the size of the figures needs."""
+    lo, hi = res.get("min_us"), res.get("max_us")
+    if lo is None or hi is None:  # a run saved before the spread was recorded: from its repetitions
+        reps = res.get("reps_us")
+        if not reps:
+            return "-"
+        lo, hi = min(reps), max(reps)
+    digits = 1 if hi < 1000 else 0
+    return f"{lo:.{digits}f}-{hi:.{digits}f}"
 
 
 def format_table_header(op: str, impls: Sequence[str]) -> str:
     left = f"{'size':>12} {'count':>10} {'type':>6} {'redop':>5} {'root':>4}"
-    names = "".join(f" {'-- ' + name + ' ':-<33}" for name in impls)
+    names = "".join(f" {'-- ' + name + ' ':-<{_IMPL_W}}" for name in impls)
     cols = "".join(f" {_IMPL_COLS}" for _ in impls)
-    units = "".join(f" {'':>10} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}" for _ in impls)
+    units = "".join(f" {'':>10} {'':>{_SPREAD_W}} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}" for _ in impls)
     extra = f" {'speedup':>7}" if "gloo" in impls else ""
     pad = " " * len(left)
     lines = [f"#{pad[1:]}{names}", f"#{left[1:]}{cols}{extra}", f"#{pad[1:]}{units}".rstrip()]
@@ -93,7 +115,10 @@ def format_table_header(op: str, impls: Sequence[str]) -> str:
 def format_table_row(row: Result) -> str:
     s = f"{row['size']:>12} {row['count']:>10} {row['type']:>6} {row['redop']:>5} {row['root']:>4}"
     for res in row["impls"].values():
-        s += f" {res['time_us']:>10.1f} {res['algbw']:>7.3f} {res['busbw']:>7.3f} {res['wrong']:>6}"
+        s += (
+            f" {res['time_us']:>10.1f} {format_spread(res):>{_SPREAD_W}}"
+            f" {res['algbw']:>7.3f} {res['busbw']:>7.3f} {res['wrong']:>6}"
+        )
     if "speedup" in row:
         s += f" {row['speedup']:>7.2f}"
     return s
@@ -103,13 +128,16 @@ def format_latency(rows: Sequence[Result]) -> str:
     if not rows:
         return ""
     impls = list(rows[0]["impls"])
-    lines = ["# latency (us per call, median of repetitions, slowest rank)"]
-    head = f"{'# case':<34}" + "".join(f" {name:>10}" for name in impls)
+    lines = ["# latency (us per call, median of repetitions, slowest rank; min-max of the repetitions)"]
+    head = f"{'# case':<34}" + "".join(f" {name:>10} {'min-max':>{_SPREAD_W}}" for name in impls)
     if "gloo" in impls:
         head += f" {'aiodist/gloo':>12}"
     lines.append(head)
     for row in rows:
-        s = f"{row['case']:<34}" + "".join(f" {row['impls'][k]['time_us']:>10.1f}" for k in impls)
+        s = f"{row['case']:<34}" + "".join(
+            f" {row['impls'][k]['time_us']:>10.1f} {format_spread(row['impls'][k]):>{_SPREAD_W}}"
+            for k in impls
+        )
         if "ratio" in row:
             s += f" {row['ratio']:>12.2f}"
         lines.append(s)
@@ -125,7 +153,7 @@ def format_memory(mem: dict[str, list[int]], nbytes: int) -> str:
 
 # -- targets --------------------------------------------------------------------------------------
 
-#: issue 5's latency targets: aiodist time <= factor x gloo's, per face.
+#: Latency targets: aiodist's time <= factor x gloo's, per face (the sync face pays a thread hop).
 LATENCY_TARGETS = {
     "async": {"all_reduce": 0.25, "barrier": 0.25, "pingpong": 0.25, "stream": 0.2},
     "sync": {"all_reduce": 0.4, "barrier": 0.4, "pingpong": 0.4, "stream": 0.4},
@@ -141,7 +169,7 @@ BANDWIDTH_TARGETS: dict[str, Callable[[int], float]] = {
 
 
 def targets(jobs: Iterable[dict[str, Any]]) -> list[Result]:
-    """Verdicts of issue 5's targets for every job that ran with ``--compare gloo``."""
+    """Verdicts of the performance targets for every job that ran with ``--compare gloo``."""
     out: list[Result] = []
     for job in jobs:
         if not job.get("compare"):
@@ -215,7 +243,7 @@ def format_targets(verdicts: Sequence[Result]) -> str:
     if not verdicts:
         return ""
     lines = [
-        "# targets (issue 5; ratios against gloo in the same run)",
+        "# targets (ratios against gloo in the same run)",
         f"#{'face':>5} {'ranks':>5}  {'target':<58} {'measured':>8}  verdict",
     ]
     for v in verdicts:
@@ -303,8 +331,8 @@ def _md_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(out)
 
 
-def markdown(data: dict[str, Any]) -> str:
-    """BENCHMARKS.md-ready tables of a saved run: headline, targets, then every table."""
+def markdown(data: dict[str, Any], *, with_targets: bool = False) -> str:
+    """BENCHMARKS.md-ready tables of a saved run: headline, targets (if asked), then every table."""
     jobs = [j for j in data["jobs"] if "error" not in j]
     parts: list[str] = []
     meta = data.get("meta", {})
@@ -343,18 +371,20 @@ def markdown(data: dict[str, Any]) -> str:
             )
         if found:
             rows.append(cells)
-    mrow = [f"RSS added by a {big >> 20} MiB all_reduce (MiB)"]
-    for j in jobs:
-        mem = j.get("memory", {})
-        mrow.append(
-            " / ".join(f"{max(mem[k]) / MiB:.1f}" for k in ("aiodist", "gloo") if k in mem) if mem else ""
-        )
-    rows.append(mrow)
+    if any(j.get("memory") for j in jobs):
+        probe = max(j.get("memory_bytes", 0) for j in jobs)
+        mrow = [f"RSS added by a {probe >> 20} MiB all_reduce (MiB)"]
+        for j in jobs:
+            mem = j.get("memory", {})
+            mrow.append(
+                " / ".join(f"{max(mem[k]) / MiB:.1f}" for k in ("aiodist", "gloo") if k in mem) if mem else ""
+            )
+        rows.append(mrow)
     parts.append(
         "### Headline (latency: time ratio, lower is better; bandwidth: algbw ratio, higher is better)\n\n"
         + _md_table(head, rows)
     )
-    verdicts = data.get("targets") or targets(jobs)
+    verdicts = (data.get("targets") or targets(jobs)) if with_targets else []
     if verdicts:
         parts.append(
             "### Targets\n\n"
@@ -384,7 +414,7 @@ def markdown(data: dict[str, Any]) -> str:
             body.append(f"**{op}**\n")
             h = ["size", "count", "type", "redop", "root"]
             for name in impls:
-                h += [f"{name} time (µs)", "algbw", "busbw", "#wrong"]
+                h += [f"{name} time (µs)", "min-max (µs)", "algbw", "busbw", "#wrong"]
             if "gloo" in impls:
                 h.append("speedup")
             trs = []
@@ -392,7 +422,13 @@ def markdown(data: dict[str, Any]) -> str:
                 c: list[Any] = [r["size"], r["count"], r["type"], r["redop"], r["root"]]
                 for name in impls:
                     x = r["impls"][name]
-                    c += [f"{x['time_us']:.1f}", f"{x['algbw']:.3f}", f"{x['busbw']:.3f}", x["wrong"]]
+                    c += [
+                        f"{x['time_us']:.1f}",
+                        format_spread(x),
+                        f"{x['algbw']:.3f}",
+                        f"{x['busbw']:.3f}",
+                        x["wrong"],
+                    ]
                 if "speedup" in r:
                     c.append(f"{r['speedup']:.2f}")
                 trs.append(c)

@@ -46,7 +46,7 @@ class JobConfig:
     iters: int = 0  # 0: by size (``iterations``)
     warmup: int = 0  # 0: by size
     latency: bool = True
-    memory_bytes: int = 64 << 20  # 0: no memory check
+    memory_bytes: int = 0  # the memory probe's all_reduce size; 0: no probe
     gloo_port: int = 0
     timeout: float = 600.0
 
