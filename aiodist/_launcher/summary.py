@@ -171,7 +171,8 @@ def _other_line(worker: WorkerExit) -> str:
     head = f"  rank {worker.rank} (local_rank {worker.local_rank}, pid {worker.pid}): "
     if worker.ending is Ending.STOPPED:
         assert worker.stopped_by is not None  # (Ending.STOPPED means it was signalled)
-        return f"{head}stopped by the launcher ({signal_name(worker.stopped_by)}): {describe_exit(worker.returncode)}"
+        said = f"; its last error: {worker.error}" if worker.error else ""
+        return f"{head}stopped by the launcher ({signal_name(worker.stopped_by)}): {describe_exit(worker.returncode)}{said}"
     if worker.ending is Ending.SUCCEEDED:
         return f"{head}succeeded (exit code 0) at {_clock(worker.exit_time)}"
     error = f": {worker.error}" if worker.error else " (it wrote nothing to stderr)"
@@ -211,6 +212,11 @@ def format_summary(
         lines.append(
             f"  note      : its error points at rank {blamed}, which runs on another node: "
             "see that node's launcher output"
+        )
+    if blamed is not None and root.rank == next((e.blames() for e in exits if e.rank == blamed), None):
+        lines.append(
+            f"  note      : ranks {root.rank} and {blamed} blame each other (their operations disagree): "
+            "the one that deviates may be either"
         )
     if root.stderr_log is not None:
         lines.append(f"  log       : {root.stderr_log}")

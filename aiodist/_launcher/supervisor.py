@@ -40,7 +40,7 @@ __all__ = ["Supervisor", "pick_free_port"]
 
 TAIL_LINES = 20
 #: Seconds the other workers get to exit on their own after the first failure, before SIGTERM.
-FAILURE_GRACE = 1.0
+FAILURE_GRACE = 2.0
 #: How long to wait for the pipes of exited workers to reach EOF (a detached grandchild may hold them).
 DRAIN_TIMEOUT = 2.0
 _PR_SET_PDEATHSIG = 1

@@ -1,0 +1,77 @@
+"""Helpers shared by the launcher tests: run ``aiodist.run``/``aiodist.launch`` as a real subprocess.
+
+Worker scripts live in ``tests/launcher_scripts``; they report through files in ``$OUT_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "tests" / "launcher_scripts"
+RUN_TIMEOUT = 20.0
+
+
+def launcher_env(out_dir: Path, **extra: str) -> dict[str, str]:
+    """The launcher's environment: ours without job variables that would leak into the test."""
+    drop = ("AIODIST_SECRET", "OMP_NUM_THREADS", "RANK", "WORLD_SIZE")
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("PET_")}
+    env["OUT_DIR"] = str(out_dir)
+    env.update(extra)
+    return env
+
+
+def launch(
+    args: list[str], out_dir: Path, *, module: str = "aiodist.run", timeout: float = RUN_TIMEOUT, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    """Runs the launcher to completion with ``args``; stdout and stderr are captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        env=launcher_env(out_dir, **extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def records(out_dir: Path) -> dict[int, dict[str, Any]]:
+    """rank -> the JSON written by env_dump.py."""
+    return {int(p.stem.split("_")[1]): json.loads(p.read_text()) for p in out_dir.glob("rank_*.json")}
+
+
+def alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def assert_gone(pids: list[int], within: float = 3.0) -> None:
+    """Fails unless every process in ``pids`` is gone within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in pids if alive(pid)], "processes survived the launcher"
+
+
+def summary_of(stderr: str) -> str:
+    """The failure summary the launcher printed at the end of its stderr."""
+    assert "worker group failed (" in stderr, stderr
+    return stderr[stderr.index("worker group failed (") :]
+
+
+def summary_field(summary: str, name: str) -> str:
+    """The value of a ``  name      : value`` line of the summary's root-cause block."""
+    match = re.search(rf"^  {name}\s+: (.*)$", summary, re.MULTILINE)
+    assert match, summary
+    return match.group(1)
