@@ -75,3 +75,24 @@ def summary_field(summary: str, name: str) -> str:
     match = re.search(rf"^  {name}\s+: (.*)$", summary, re.MULTILINE)
     assert match, summary
     return match.group(1)
+
+
+def start_launcher(args: list[str], out_dir: Path, **extra: str) -> subprocess.Popen[str]:
+    """Starts ``python -m aiodist.run args`` in the background (the caller kills it in a finally)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "aiodist.run", *args],
+        cwd=REPO,
+        env=launcher_env(out_dir, **extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(paths: list[Path], launcher: subprocess.Popen[str] | None = None, within: float = 30.0) -> None:
+    """Waits until every file in ``paths`` exists; fails if ``launcher`` exits first or time runs out."""
+    deadline = time.monotonic() + within
+    while not all(p.exists() for p in paths):
+        assert launcher is None or launcher.poll() is None, launcher.communicate()
+        assert time.monotonic() < deadline, f"workers never wrote {paths}"
+        time.sleep(0.02)

@@ -15,38 +15,22 @@ from pathlib import Path
 
 import pytest
 from faults_common import record
-from launcher_common import assert_gone, launcher_env
+from launcher_common import REPO, SCRIPTS, assert_gone, launcher_env, start_launcher, wait_for
 
 from aiodist.testing import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
-REPO = Path(__file__).resolve().parents[1]
-JOB = REPO / "tests" / "launcher_scripts" / "faults_job.py"
-
-
-def _wait_for(paths: list[Path], proc: subprocess.Popen[str], within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    while not all(p.exists() for p in paths):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, f"workers never wrote {paths}"
-        time.sleep(0.05)
+JOB = SCRIPTS / "faults_job.py"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signalled_launcher_frees_the_port_at_once(tmp_path: Path, signum: signal.Signals) -> None:
     port = free_port()
     args = ["--nproc-per-node", "2", "--master-port", str(port), "--master-addr", "127.0.0.1"]
-    first = subprocess.Popen(
-        [sys.executable, "-m", "aiodist.run", *args, str(JOB)],
-        cwd=REPO,
-        env=launcher_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    first = start_launcher([*args, str(JOB)], tmp_path)
     try:
-        _wait_for([tmp_path / "ready_0", tmp_path / "ready_1"], first)  # rank 0 hosts the store on `port`
+        wait_for([tmp_path / "ready_0", tmp_path / "ready_1"], first)  # rank 0 hosts the store on `port`
         first.send_signal(signum)
         first.communicate(timeout=20)
     finally:
@@ -69,17 +53,10 @@ def test_signalled_launcher_frees_the_port_at_once(tmp_path: Path, signum: signa
 
 def test_signalled_launcher_escalates_to_sigkill(tmp_path: Path) -> None:
     """Row 21: workers that ignore the forwarded signal are SIGKILLed after the grace period."""
-    script = REPO / "tests" / "launcher_scripts" / "faults_ignore_signals.py"
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "aiodist.run", "--nproc-per-node", "2", "--term-timeout", "0.5", str(script)],
-        cwd=REPO,
-        env=launcher_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    script = SCRIPTS / "faults_ignore_signals.py"
+    launcher = start_launcher(["--nproc-per-node", "2", "--term-timeout", "0.5", str(script)], tmp_path)
     try:
-        _wait_for([tmp_path / "pid_0", tmp_path / "pid_1"], launcher)
+        wait_for([tmp_path / "pid_0", tmp_path / "pid_1"], launcher)
         pids = [int((tmp_path / f"pid_{r}").read_text()) for r in range(2)]
         t0 = time.monotonic()
         launcher.send_signal(signal.SIGTERM)

@@ -9,29 +9,18 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from launcher_common import RUN_TIMEOUT, SCRIPTS, assert_gone, launch, launcher_env, records
+from launcher_common import RUN_TIMEOUT, SCRIPTS, assert_gone, launch, records, start_launcher, wait_for
 
 from aiodist._launcher.config import STDERR, STDOUT, parse_config, parse_stream_spec
 from aiodist._launcher.env import resolve_secret
 from aiodist._launcher.relay import LineSplitter, Tail
 from aiodist._launcher.summary import describe_exit
 
-REPO = SCRIPTS.parents[1]
-
 pytestmark = pytest.mark.timeout(30)
-
-
-def _wait_for(paths: list[Path], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not all(p.exists() for p in paths):
-        assert time.monotonic() < deadline, f"workers never wrote {paths}"
-        time.sleep(0.02)
 
 
 # -- environment contract ---------------------------------------------------------------------
@@ -237,16 +226,9 @@ def test_missing_executable(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_launcher_signal_is_forwarded(tmp_path: Path, signum: signal.Signals) -> None:
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "aiodist.run", "--nproc-per-node", "2", str(SCRIPTS / "wait_signal.py")],
-        cwd=REPO,
-        env=launcher_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    launcher = start_launcher(["--nproc-per-node", "2", str(SCRIPTS / "wait_signal.py")], tmp_path)
     try:
-        _wait_for([tmp_path / "ready_0", tmp_path / "ready_1"])
+        wait_for([tmp_path / "ready_0", tmp_path / "ready_1"])
         launcher.send_signal(signum)
         _, stderr = launcher.communicate(timeout=RUN_TIMEOUT)
     finally:

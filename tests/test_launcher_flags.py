@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from launcher_common import REPO, RUN_TIMEOUT, SCRIPTS, launch, launcher_env, records
+from launcher_common import RUN_TIMEOUT, SCRIPTS, launch, launcher_env, records, start_launcher, wait_for
 
-from aiodist._launcher.config import REFUSED_FLAGS, parse_config
+from aiodist._launcher.config import REFUSED_FLAGS, build_parser, parse_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -145,19 +145,9 @@ def test_monitor_interval_is_the_supervisors_poll_interval(tmp_path: Path) -> No
 
 def test_signals_to_handle_forwards_the_named_signal(tmp_path: Path) -> None:
     args = ["--nproc-per-node", "2", "--signals-to-handle", "SIGUSR1,TERM", str(SCRIPTS / "wait_signal.py")]
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "aiodist.run", *args],
-        cwd=REPO,
-        env=launcher_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    launcher = start_launcher(args, tmp_path)
     try:
-        deadline = time.monotonic() + RUN_TIMEOUT
-        while not all((tmp_path / f"ready_{rank}").exists() for rank in (0, 1)):
-            assert time.monotonic() < deadline and launcher.poll() is None, launcher.communicate()
-            time.sleep(0.05)
+        wait_for([tmp_path / "ready_0", tmp_path / "ready_1"], launcher)
         launcher.send_signal(signal.SIGUSR1)
         _, stderr = launcher.communicate(timeout=RUN_TIMEOUT)
     finally:
@@ -215,3 +205,11 @@ def test_module_in_the_current_directory_is_found(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "[rank 0]: local job 0" in proc.stdout
+
+
+def test_every_torchrun_flag_is_known() -> None:
+    """Each of torchrun's option strings is one of ours: honoured, or refused with a reason."""
+    torchrun = pytest.importorskip("torch.distributed.run")
+    ours = {flag for action in build_parser("t")._actions for flag in action.option_strings}
+    theirs = {flag for action in torchrun.get_args_parser()._actions for flag in action.option_strings}
+    assert theirs - ours == set()

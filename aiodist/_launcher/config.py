@@ -133,6 +133,10 @@ def build_parser(prog: str, *, legacy: bool = False) -> argparse.ArgumentParser:
         description="Start and supervise one node's worker processes for an aiodist (torch.distributed) job.",
         # Abbreviations would let a prefix of a launcher flag swallow the script's own flags.
         allow_abbrev=False,
+        epilog="Not supported (refused with the reason): "
+        + ", ".join("--" + dest.replace("_", "-") for dest in REFUSED_FLAGS)
+        + ", --rdzv-backend other than static/c10d, --nnodes MIN:MAX. An unset flag is read from "
+        "$PET_<FLAG> (PET_NPROC_PER_NODE=4), as torchrun does.",
     )
     parser.add_argument("--version", action="version", version=f"aiodist {_version()}")
     _add_topology_flags(parser)
@@ -236,8 +240,8 @@ def _add_supervision_flags(parser: argparse.ArgumentParser) -> None:
         "--term_timeout",
         type=float,
         default=None,
-        help=f"seconds between SIGTERM and SIGKILL when stopping workers (default ${TERM_TIMEOUT_ENV} or "
-        f"{DEFAULT_TERM_TIMEOUT:g})",
+        help=f"seconds between SIGTERM and SIGKILL when stopping workers (default ${TERM_TIMEOUT_ENV}, "
+        f"${TORCH_TERM_TIMEOUT_ENV} or {DEFAULT_TERM_TIMEOUT:g})",
     )
     add(
         "--shutdown-timeout",
