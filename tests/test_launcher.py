@@ -205,6 +205,11 @@ def test_sigkilled_worker_restarts_once(tmp_path: Path) -> None:
     assert "restarts used: 1 of 1" in summary
     assert "killed by SIGKILL (exit code -9)" in summary
     assert re.search(r"rank\s+: 0 \(local_rank 0", summary), summary
+    # Rank 0 died by a signal the launcher did not send; rank 1 was waiting and had to be stopped.
+    assert re.search(r"^Root cause: rank 0 \(", summary, re.MULTILINE), summary
+    assert re.search(
+        r"^  rank 1 \(local_rank 1, pid \d+\): stopped by the launcher \(SIGTERM\)", summary, re.M
+    )
 
 
 def test_restart_then_success(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import pytest
 from launcher_common import RUN_TIMEOUT, SCRIPTS, launch, launcher_env, records, start_launcher, wait_for
 
 from aiodist._launcher.config import REFUSED_FLAGS, build_parser, parse_config
+from aiodist.testing import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,6 +45,24 @@ def test_rdzv_endpoint_is_the_master_address_and_port(tmp_path: Path) -> None:
     assert sorted(dumped) == [2, 3]
     for record in dumped.values():
         assert (record["env"]["MASTER_ADDR"], record["env"]["MASTER_PORT"]) == ("10.1.2.3", "29555")
+
+
+def test_torchrun_two_node_recipe_rendezvous(tmp_path: Path) -> None:
+    """torchrun's multi-node recipe (c10d, an endpoint, one launcher per node) forms one job."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    common = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
+    script = str(SCRIPTS / "rendezvous.py")
+    node1 = start_launcher([*common, "--node-rank", "1", script], tmp_path, AIODIST_SECRET="two-nodes")
+    try:
+        node0 = launch(
+            [*common, "--node-rank", "0", script], tmp_path, timeout=45, AIODIST_SECRET="two-nodes"
+        )
+        out1, err1 = node1.communicate(timeout=45)
+    finally:
+        node1.kill()
+    assert (node0.returncode, node1.returncode) == (0, 0), node0.stderr + err1
+    assert "[rank 0]: joined as 0 of 2" in node0.stdout.splitlines()
+    assert "[rank 1]: joined as 1 of 2" in out1.splitlines()
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ reaches the other ranks of a collective within milliseconds and they exit with e
 own; stopped at once, they would look like victims of the launcher and their errors would be
 lost). Stopping sends SIGTERM (or the launcher's own signal) to every live worker's group,
 SIGKILL after ``term_timeout`` seconds (at once on a second launcher signal), then SIGKILL to
-every worker's group to reap stray children, and drains the pipes. On Linux each worker also asks the kernel to SIGKILL it if the launcher dies, so even a
-SIGKILLed launcher leaves no orphans.
+every worker's group to reap stray children, and drains the pipes. On Linux each worker also
+asks the kernel to SIGKILL it if the launcher dies, so even a SIGKILLed launcher leaves no orphans.
 """
 
 from __future__ import annotations
@@ -230,9 +230,11 @@ class Supervisor:
                 return 0
             if attempt < config.max_restarts:
                 root = root_cause(outcome.exits)
-                what = root.one_line() + (f" ({root.error})" if root and root.error else "") if root else "?"
+                cause = "a worker failed" if root is None else root.one_line()
+                if root is not None and root.error:
+                    cause += f": {root.error}"
                 self.notice(
-                    f"worker group failed: {what}; restarting it (restart {attempt + 1} of {config.max_restarts})"
+                    f"worker group failed: {cause}; restarting it (restart {attempt + 1} of {config.max_restarts})"
                 )
                 continue
             self._stderr_text(
