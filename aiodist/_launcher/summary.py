@@ -68,7 +68,8 @@ class WorkerExit:
     Attributes:
         rank: global rank. local_rank: index on this node. pid: its process id.
         returncode: as ``Popen.returncode`` (negative: killed by that signal).
-        exit_time: wall-clock seconds since the epoch when it exited.
+        exit_time: wall-clock seconds since the epoch when the launcher saw it exited (it looks
+            every ``--monitor-interval`` seconds).
         stopped_by: the signal the launcher sent it while it was running, or None.
         error: the one line that says what went wrong (its last exception line), if any.
         stderr_tail: the last lines of its stderr, internal traceback frames folded.
@@ -114,8 +115,9 @@ def _votes(exits: Sequence[WorkerExit]) -> dict[int, list[int]]:
         while target is not None and target not in chain:
             chain.append(target)
             target = points.get(target)
-        if target is not None:  # the chain came back to a rank on it: it stops there
-            chain = chain[: chain.index(target) + 1] if target != voter.rank else chain[:2]
+        if target is not None:
+            # Back at a rank already on the chain (a loop): stop at it, or one further if it is the voter.
+            chain = chain[: max(chain.index(target), 1) + 1]
         if len(chain) > 1:
             votes.setdefault(chain[-1], []).append(voter.rank)
     return votes
