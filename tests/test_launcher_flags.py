@@ -8,6 +8,7 @@ before any worker starts (no such file is written).
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import signal
 import subprocess
 import sys
@@ -232,3 +233,18 @@ def test_every_torchrun_flag_is_known() -> None:
     ours = {flag for action in build_parser("t")._actions for flag in action.option_strings}
     theirs = {flag for action in torchrun.get_args_parser()._actions for flag in action.option_strings}
     assert theirs - ours == set()
+
+
+def test_nproc_auto_and_gpu_count_cuda_devices(tmp_path: Path) -> None:
+    """As torchrun: "auto" is one worker per CUDA device, else per CPU; "gpu" needs a device."""
+    torch = pytest.importorskip("torch")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert parse_config(["--nproc-per-node", "auto", DUMP], prog="t").nproc_per_node == (
+        gpus or os.cpu_count()
+    )
+    if gpus:
+        assert parse_config(["--nproc-per-node", "gpu", DUMP], prog="t").nproc_per_node == gpus
+    else:
+        _refused(
+            tmp_path, ["--nproc-per-node", "gpu", DUMP], "--nproc-per-node gpu: no CUDA device is visible"
+        )
