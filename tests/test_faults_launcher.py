@@ -7,7 +7,6 @@ tests/test_launcher.py.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -16,43 +15,22 @@ from pathlib import Path
 
 import pytest
 from faults_common import record
+from launcher_common import REPO, SCRIPTS, assert_gone, launcher_env, start_launcher, wait_for
 
 from aiodist.testing import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
-REPO = Path(__file__).resolve().parents[1]
-JOB = REPO / "tests" / "launcher_scripts" / "faults_job.py"
-
-
-def _env(out: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("AIODIST_SECRET", "RANK", "WORLD_SIZE")}
-    env["OUT_DIR"] = str(out)
-    return env
-
-
-def _wait_for(paths: list[Path], proc: subprocess.Popen[str], within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    while not all(p.exists() for p in paths):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, f"workers never wrote {paths}"
-        time.sleep(0.05)
+JOB = SCRIPTS / "faults_job.py"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signalled_launcher_frees_the_port_at_once(tmp_path: Path, signum: signal.Signals) -> None:
     port = free_port()
     args = ["--nproc-per-node", "2", "--master-port", str(port), "--master-addr", "127.0.0.1"]
-    first = subprocess.Popen(
-        [sys.executable, "-m", "aiodist.run", *args, str(JOB)],
-        cwd=REPO,
-        env=_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    first = start_launcher([*args, str(JOB)], tmp_path)
     try:
-        _wait_for([tmp_path / "ready_0", tmp_path / "ready_1"], first)  # rank 0 hosts the store on `port`
+        wait_for([tmp_path / "ready_0", tmp_path / "ready_1"], first)  # rank 0 hosts the store on `port`
         first.send_signal(signum)
         first.communicate(timeout=20)
     finally:
@@ -63,7 +41,7 @@ def test_signalled_launcher_frees_the_port_at_once(tmp_path: Path, signum: signa
     second = subprocess.run(
         [sys.executable, "-m", "aiodist.run", *args, str(JOB), "--steps", "10"],
         cwd=REPO,
-        env=_env(tmp_path),
+        env=launcher_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=40,
@@ -73,27 +51,12 @@ def test_signalled_launcher_frees_the_port_at_once(tmp_path: Path, signum: signa
     record(21, "a new job on the same port right after the launcher's exit", time.monotonic() - t0)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_signalled_launcher_escalates_to_sigkill(tmp_path: Path) -> None:
     """Row 21: workers that ignore the forwarded signal are SIGKILLed after the grace period."""
-    script = REPO / "tests" / "launcher_scripts" / "faults_ignore_signals.py"
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "aiodist.run", "--nproc-per-node", "2", "--term-timeout", "0.5", str(script)],
-        cwd=REPO,
-        env=_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    script = SCRIPTS / "faults_ignore_signals.py"
+    launcher = start_launcher(["--nproc-per-node", "2", "--term-timeout", "0.5", str(script)], tmp_path)
     try:
-        _wait_for([tmp_path / "pid_0", tmp_path / "pid_1"], launcher)
+        wait_for([tmp_path / "pid_0", tmp_path / "pid_1"], launcher)
         pids = [int((tmp_path / f"pid_{r}").read_text()) for r in range(2)]
         t0 = time.monotonic()
         launcher.send_signal(signal.SIGTERM)
@@ -104,7 +67,4 @@ def test_signalled_launcher_escalates_to_sigkill(tmp_path: Path) -> None:
     assert launcher.returncode == 128 + signal.SIGTERM, stderr
     assert "SIGKILL" in stderr, stderr
     assert 0.4 < took < 10, took
-    deadline = time.monotonic() + 3
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [p for p in pids if _alive(p)], "workers survived the launcher"
+    assert_gone(pids)

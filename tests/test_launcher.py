@@ -6,17 +6,14 @@ Every test is bounded by a pytest-timeout mark and by the subprocess timeouts be
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
+from launcher_common import RUN_TIMEOUT, SCRIPTS, assert_gone, launch, records, start_launcher, wait_for
 
 from aiodist._launcher.config import STDERR, STDOUT, parse_config, parse_stream_spec
 from aiodist._launcher.env import resolve_secret
@@ -25,69 +22,16 @@ from aiodist._launcher.summary import describe_exit
 
 pytestmark = pytest.mark.timeout(30)
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = REPO / "tests" / "launcher_scripts"
-RUN_TIMEOUT = 20.0
-
-
-def _env(out_dir: Path, **extra: str) -> dict[str, str]:
-    """The launcher's environment: ours without job variables that would leak into the test."""
-    env = {k: v for k, v in os.environ.items() if k not in ("AIODIST_SECRET", "OMP_NUM_THREADS", "RANK")}
-    env["OUT_DIR"] = str(out_dir)
-    env.update(extra)
-    return env
-
-
-def _launch(
-    args: list[str], out_dir: Path, *, module: str = "aiodist.run", **extra: str
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=REPO,
-        env=_env(out_dir, **extra),
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT,
-    )
-
-
-def _records(out_dir: Path) -> dict[int, dict[str, Any]]:
-    """rank -> the JSON written by env_dump.py."""
-    return {int(p.stem.split("_")[1]): json.loads(p.read_text()) for p in out_dir.glob("rank_*.json")}
-
-
-def _alive(pid: int) -> bool:
-    """True if ``pid`` exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _assert_gone(pids: list[int], within: float = 3.0) -> None:
-    deadline = time.monotonic() + within
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [pid for pid in pids if _alive(pid)], "processes survived the launcher"
-
-
-def _wait_for(paths: list[Path], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not all(p.exists() for p in paths):
-        assert time.monotonic() < deadline, f"workers never wrote {paths}"
-        time.sleep(0.02)
-
 
 # -- environment contract ---------------------------------------------------------------------
 
 
 def test_env_contract_single_node(tmp_path: Path) -> None:
-    proc = _launch(["--nproc-per-node", "2", "--standalone", str(SCRIPTS / "env_dump.py")], tmp_path)
+    proc = launch(["--nproc-per-node", "2", "--standalone", str(SCRIPTS / "env_dump.py")], tmp_path)
     assert proc.returncode == 0, proc.stderr
-    records = _records(tmp_path)
-    assert sorted(records) == [0, 1]
-    envs = [records[r]["env"] for r in (0, 1)]
+    dumped = records(tmp_path)
+    assert sorted(dumped) == [0, 1]
+    envs = [dumped[r]["env"] for r in (0, 1)]
     for rank, env in enumerate(envs):
         assert env["RANK"] == env["LOCAL_RANK"] == env["ROLE_RANK"] == str(rank)
         assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == env["ROLE_WORLD_SIZE"] == "2"
@@ -103,14 +47,14 @@ def test_env_contract_single_node(tmp_path: Path) -> None:
 
 
 def test_user_secret_and_omp_threads_are_kept(tmp_path: Path) -> None:
-    proc = _launch(
+    proc = launch(
         ["--nproc_per_node=2", str(SCRIPTS / "env_dump.py")],
         tmp_path,
         AIODIST_SECRET="s3cret",
         OMP_NUM_THREADS="3",
     )
     assert proc.returncode == 0, proc.stderr
-    for record in _records(tmp_path).values():
+    for record in records(tmp_path).values():
         assert record["env"]["AIODIST_SECRET"] == "s3cret"
         assert record["env"]["OMP_NUM_THREADS"] == "3"
         assert record["env"]["MASTER_PORT"] == "29500"
@@ -118,13 +62,13 @@ def test_user_secret_and_omp_threads_are_kept(tmp_path: Path) -> None:
 
 def test_multi_node_rank_math(tmp_path: Path) -> None:
     args = ["--nnodes", "2", "--node_rank", "1", "--nproc-per-node", "2", "--master-addr", "10.1.2.3"]
-    proc = _launch(
+    proc = launch(
         [*args, "--master_port", "29555", str(SCRIPTS / "env_dump.py")], tmp_path, AIODIST_SECRET="k"
     )
     assert proc.returncode == 0, proc.stderr
-    records = _records(tmp_path)
-    assert sorted(records) == [2, 3]
-    for rank, record in records.items():
+    dumped = records(tmp_path)
+    assert sorted(dumped) == [2, 3]
+    for rank, record in dumped.items():
         env = record["env"]
         assert env["LOCAL_RANK"] == str(rank - 2)
         assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("4", "2")
@@ -134,17 +78,17 @@ def test_multi_node_rank_math(tmp_path: Path) -> None:
 
 
 def test_multi_node_without_secret_warns_and_generates_none(tmp_path: Path) -> None:
-    proc = _launch(["--nnodes", "2", "--node-rank", "0", str(SCRIPTS / "env_dump.py")], tmp_path)
+    proc = launch(["--nnodes", "2", "--node-rank", "0", str(SCRIPTS / "env_dump.py")], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "AIODIST_SECRET is not set" in proc.stderr
-    assert _records(tmp_path)[0]["env"]["AIODIST_SECRET"] is None
+    assert records(tmp_path)[0]["env"]["AIODIST_SECRET"] is None
 
 
 # -- output -----------------------------------------------------------------------------------
 
 
 def test_output_is_prefixed_per_rank(tmp_path: Path) -> None:
-    proc = _launch(["--nproc-per-node", "2", str(SCRIPTS / "env_dump.py")], tmp_path)
+    proc = launch(["--nproc-per-node", "2", str(SCRIPTS / "env_dump.py")], tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     for rank in (0, 1):
@@ -156,7 +100,7 @@ def test_output_is_prefixed_per_rank(tmp_path: Path) -> None:
 
 def test_log_dir_layout(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
-    proc = _launch(
+    proc = launch(
         ["--nproc-per-node", "2", "--log-dir", str(logs), "--run-id", "job7", str(SCRIPTS / "env_dump.py")],
         tmp_path,
     )
@@ -172,7 +116,7 @@ def test_log_dir_layout(tmp_path: Path) -> None:
 def test_redirects_keep_stdout_off_the_console(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     args = ["--nproc-per-node", "2", "--log-dir", str(logs), "--run-id", "r", "--redirects", "1"]
-    proc = _launch([*args, str(SCRIPTS / "env_dump.py")], tmp_path)
+    proc = launch([*args, str(SCRIPTS / "env_dump.py")], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "hello" not in proc.stdout
     assert "hello from rank 1" in (logs / "r" / "attempt_0" / "1" / "stdout.log").read_text()
@@ -181,7 +125,7 @@ def test_redirects_keep_stdout_off_the_console(tmp_path: Path) -> None:
 
 def test_tee_without_log_dir_and_rank_filter(tmp_path: Path) -> None:
     args = ["--nproc-per-node", "2", "--tee", "3", "--local-ranks-filter", "1", str(SCRIPTS / "env_dump.py")]
-    proc = _launch(args, tmp_path, TMPDIR=str(tmp_path))
+    proc = launch(args, tmp_path, TMPDIR=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == [
         "[rank 1]: hello from rank 1",
@@ -195,10 +139,10 @@ def test_tee_without_log_dir_and_rank_filter(tmp_path: Path) -> None:
 
 
 def test_module_and_no_python(tmp_path: Path) -> None:
-    proc = _launch(["--nproc-per-node", "2", "-m", "tests.launcher_scripts.env_dump"], tmp_path)
+    proc = launch(["--nproc-per-node", "2", "-m", "tests.launcher_scripts.env_dump"], tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(_records(tmp_path)) == [0, 1]
-    proc = _launch(
+    assert sorted(records(tmp_path)) == [0, 1]
+    proc = launch(
         ["--nproc-per-node", "2", "--no-python", "sh", "-c", 'echo "r=$RANK/$WORLD_SIZE"'], tmp_path
     )
     assert proc.returncode == 0, proc.stderr
@@ -209,7 +153,7 @@ def test_module_and_no_python(tmp_path: Path) -> None:
 def test_real_job_rendezvous_through_rank_zero(tmp_path: Path) -> None:
     """The launcher starts no store: rank 0's init_process_group hosts it at MASTER_ADDR:MASTER_PORT."""
     pytest.importorskip("aiodist.sync")
-    proc = _launch(["--standalone", "--nproc-per-node", "2", str(SCRIPTS / "rendezvous.py")], tmp_path)
+    proc = launch(["--standalone", "--nproc-per-node", "2", str(SCRIPTS / "rendezvous.py")], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in (0, 1):
         assert f"[rank {rank}]: joined as {rank} of 2" in proc.stdout.splitlines()
@@ -226,7 +170,7 @@ def _summary_pid(stderr: str) -> int:
 
 def test_failing_worker_stops_the_others(tmp_path: Path) -> None:
     started = time.monotonic()
-    proc = _launch(
+    proc = launch(
         ["--nproc-per-node", "2", str(SCRIPTS / "fail_one.py")], tmp_path, AIODIST_TERM_TIMEOUT="10"
     )
     elapsed = time.monotonic() - started
@@ -235,23 +179,24 @@ def test_failing_worker_stops_the_others(tmp_path: Path) -> None:
     assert re.search(r"rank\s+: 1 \(local_rank 1", summary), summary
     assert "exit code 1" in summary
     assert "ValueError: boom from rank 1" in summary and "Traceback (most recent call last)" in summary
-    assert _summary_pid(summary) not in (int((tmp_path / "pid_0").read_text()), os.getpid())
-    assert "1 other worker(s) were stopped" in summary
+    pid_0 = int((tmp_path / "pid_0").read_text())
+    assert _summary_pid(summary) not in (pid_0, os.getpid())
+    assert f"rank 0 (local_rank 0, pid {pid_0}): stopped by the launcher (SIGTERM)" in summary
     # SIGTERM ended rank 0 well before the 10 s grace period; neither it nor its child survives.
     assert elapsed < 8
-    _assert_gone([int((tmp_path / name).read_text()) for name in ("pid_0", "child_0")])
+    assert_gone([int((tmp_path / name).read_text()) for name in ("pid_0", "child_0")])
 
 
 def test_worker_ignoring_sigterm_gets_sigkill(tmp_path: Path) -> None:
     args = ["--nproc-per-node", "2", "--term-timeout", "0.5", str(SCRIPTS / "fail_one.py"), "--ignore-term"]
-    proc = _launch(args, tmp_path)
+    proc = launch(args, tmp_path)
     assert proc.returncode == 1
     assert "after SIGTERM; sending SIGKILL" in proc.stderr
-    _assert_gone([int((tmp_path / name).read_text()) for name in ("pid_0", "child_0")])
+    assert_gone([int((tmp_path / name).read_text()) for name in ("pid_0", "child_0")])
 
 
 def test_sigkilled_worker_restarts_once(tmp_path: Path) -> None:
-    proc = _launch(["--nproc-per-node", "2", "--max-restarts", "1", str(SCRIPTS / "self_kill.py")], tmp_path)
+    proc = launch(["--nproc-per-node", "2", "--max-restarts", "1", str(SCRIPTS / "self_kill.py")], tmp_path)
     assert proc.returncode == 1
     markers = sorted(p.name for p in tmp_path.glob("attempt_*"))
     assert markers == ["attempt_0_rank_0", "attempt_0_rank_1", "attempt_1_rank_0", "attempt_1_rank_1"]
@@ -260,10 +205,15 @@ def test_sigkilled_worker_restarts_once(tmp_path: Path) -> None:
     assert "restarts used: 1 of 1" in summary
     assert "killed by SIGKILL (exit code -9)" in summary
     assert re.search(r"rank\s+: 0 \(local_rank 0", summary), summary
+    # Rank 0 died by a signal the launcher did not send; rank 1 was waiting and had to be stopped.
+    assert re.search(r"^Root cause: rank 0 \(", summary, re.MULTILINE), summary
+    assert re.search(
+        r"^  rank 1 \(local_rank 1, pid \d+\): stopped by the launcher \(SIGTERM\)", summary, re.M
+    )
 
 
 def test_restart_then_success(tmp_path: Path) -> None:
-    proc = _launch(["--nproc-per-node", "2", "--max_restarts=2", str(SCRIPTS / "flaky.py")], tmp_path)
+    proc = launch(["--nproc-per-node", "2", "--max_restarts=2", str(SCRIPTS / "flaky.py")], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "[rank 0]: rank 0 attempt 1" in proc.stdout.splitlines()
     assert "attempt 2" not in proc.stdout
@@ -271,9 +221,9 @@ def test_restart_then_success(tmp_path: Path) -> None:
 
 
 def test_missing_executable(tmp_path: Path) -> None:
-    proc = _launch(["--no-python", str(tmp_path / "no-such-program")], tmp_path)
-    assert proc.returncode == 1
-    assert "cannot start local_rank 0" in proc.stderr
+    proc = launch(["--no-python", str(tmp_path / "no-such-program")], tmp_path)
+    assert proc.returncode == 2
+    assert "no-such-program: no such executable" in proc.stderr
 
 
 # -- launcher signals (FAULTS 21) ---------------------------------------------------------------
@@ -281,16 +231,9 @@ def test_missing_executable(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_launcher_signal_is_forwarded(tmp_path: Path, signum: signal.Signals) -> None:
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "aiodist.run", "--nproc-per-node", "2", str(SCRIPTS / "wait_signal.py")],
-        cwd=REPO,
-        env=_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    launcher = start_launcher(["--nproc-per-node", "2", str(SCRIPTS / "wait_signal.py")], tmp_path)
     try:
-        _wait_for([tmp_path / "ready_0", tmp_path / "ready_1"])
+        wait_for([tmp_path / "ready_0", tmp_path / "ready_1"])
         launcher.send_signal(signum)
         _, stderr = launcher.communicate(timeout=RUN_TIMEOUT)
     finally:
@@ -308,9 +251,9 @@ def test_launcher_signal_is_forwarded(tmp_path: Path, signum: signal.Signals) ->
 def test_legacy_launch_local_rank_argument(tmp_path: Path, use_env: bool) -> None:
     flags = ["--use-env"] if use_env else []
     args = ["--nproc_per_node", "2", *flags, str(SCRIPTS / "env_dump.py"), "--foo", "1"]
-    proc = _launch(args, tmp_path, module="aiodist.launch")
+    proc = launch(args, tmp_path, module="aiodist.launch")
     assert proc.returncode == 0, proc.stderr
-    for rank, record in _records(tmp_path).items():
+    for rank, record in records(tmp_path).items():
         expected = ["--foo", "1"] if use_env else [f"--local_rank={rank}", "--foo", "1"]
         assert record["argv"] == expected
         assert record["env"]["LOCAL_RANK"] == str(rank)
@@ -330,15 +273,16 @@ def test_legacy_launch_local_rank_argument(tmp_path: Path, use_env: bool) -> Non
     ],
 )
 def test_bad_command_line(tmp_path: Path, args: list[str], message: str) -> None:
-    proc = _launch([*args, str(SCRIPTS / "env_dump.py")], tmp_path)
+    proc = launch([*args, str(SCRIPTS / "env_dump.py")], tmp_path)
     assert proc.returncode == 2
     assert message in proc.stderr
-    assert not _records(tmp_path)
+    assert not records(tmp_path)
 
 
 def test_parse_config_details() -> None:
     config = parse_config(
-        ["--nproc-per-node", "auto", "--nnodes", "3:3", "--node-rank", "2", "x.py"], prog="t"
+        ["--nproc-per-node", "cpu", "--nnodes", "3:3", "--node-rank", "2", str(SCRIPTS / "env_dump.py")],
+        prog="t",
     )
     assert config.nproc_per_node == (os.cpu_count() or 1)
     assert (config.nnodes, config.world_size, config.global_rank(1)) == (
@@ -346,11 +290,10 @@ def test_parse_config_details() -> None:
         3 * config.nproc_per_node,
         2 * config.nproc_per_node + 1,
     )
-    ignored = parse_config(
-        ["--rdzv-backend", "c10d", "--rdzv_id", "myjob", "x.py", "--nnodes", "9"], prog="t"
-    )
-    assert ignored.run_id == "myjob" and ignored.script_args == ("--nnodes", "9") and ignored.nnodes == 1
-    assert any("--rdzv-backend is ignored" in notice for notice in ignored.notices)
+    script = str(SCRIPTS / "env_dump.py")
+    c10d = parse_config(["--rdzv-backend", "c10d", "--rdzv_id", "myjob", script, "--nnodes", "9"], prog="t")
+    assert c10d.run_id == "myjob" and c10d.script_args == ("--nnodes", "9") and c10d.nnodes == 1
+    assert not c10d.notices
     spec = parse_stream_spec("0:1,1:3", "--tee")
     assert (spec.mask(0), spec.mask(1), spec.mask(5)) == (STDOUT, STDOUT | STDERR, 0)
 

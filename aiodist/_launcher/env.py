@@ -16,6 +16,9 @@ TORCHELASTIC_MAX_RESTARTS     ``--max-restarts``
 TORCHELASTIC_RUN_ID           the run id (``--run-id``/``--rdzv-id`` or a timestamp)
 AIODIST_SECRET                see :func:`resolve_secret`
 OMP_NUM_THREADS               ``1`` when unset and more than one worker shares the node
+AIODIST_HOST                  ``--local-addr``, when given (the address the workers listen on)
+LOCAL_RANK=0,                 with ``--virtual-local-rank``: each worker sees only its own GPU
+CUDA_VISIBLE_DEVICES          (entry ``local_rank`` of the launcher's list, else ``local_rank``)
 ============================  ===============================================================
 """
 
@@ -98,6 +101,23 @@ def worker_env(
     )
     if secret is not None:
         env[SECRET_ENV] = secret
+    if config.local_addr is not None:
+        env["AIODIST_HOST"] = config.local_addr
+    if config.virtual_local_rank:
+        env["LOCAL_RANK"] = "0"
+        env["CUDA_VISIBLE_DEVICES"] = _own_gpu(environ.get("CUDA_VISIBLE_DEVICES"), local_rank)
     if omp_threads_notice(environ, config.nproc_per_node) is not None:
         env["OMP_NUM_THREADS"] = "1"
     return env
+
+
+def _own_gpu(visible: str | None, local_rank: int) -> str:
+    """The one device worker ``local_rank`` sees under ``--virtual-local-rank`` (torchrun's rule)."""
+    if visible is None:
+        return str(local_rank)
+    devices = [device.strip() for device in visible.split(",")]
+    if local_rank >= len(devices):
+        raise ValueError(
+            f"--virtual-local-rank: local rank {local_rank} has no device in CUDA_VISIBLE_DEVICES={visible}"
+        )
+    return devices[local_rank]

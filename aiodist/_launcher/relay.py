@@ -78,20 +78,25 @@ class ConsoleWriter:
 class Tail:
     """Keeps the last bytes of a stream, to quote the end of a failed worker's stderr."""
 
-    def __init__(self, max_bytes: int = 16 * 1024) -> None:
+    def __init__(self, max_bytes: int = 64 * 1024) -> None:
         self._buf = bytearray()
         self._max_bytes = max_bytes
+        self._cut = False  # the oldest bytes were dropped: the first line kept may be partial
 
     def feed(self, data: bytes) -> None:
         """Appends ``data``, dropping the oldest bytes beyond the cap."""
         self._buf += data
         if len(self._buf) > self._max_bytes:
             del self._buf[: len(self._buf) - self._max_bytes]
+            self._cut = True
 
-    def lines(self, count: int) -> list[str]:
-        """The last ``count`` non-empty lines, decoded leniently."""
+    def lines(self, count: int | None = None) -> list[str]:
+        """The last ``count`` (default: all kept) non-empty lines, decoded leniently."""
         text = self._buf.decode("utf-8", errors="replace")
-        return [line for line in text.splitlines() if line.strip()][-count:]
+        if self._cut:
+            text = text.partition("\n")[2]
+        lines = [line for line in text.splitlines() if line.strip()]
+        return lines if count is None else lines[-count:]
 
 
 async def pump(

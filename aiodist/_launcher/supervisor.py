@@ -3,12 +3,15 @@
 How it works: each attempt spawns ``nproc_per_node`` workers, each the leader of its own
 session, so that a signal to its process group also reaches the processes it started and none
 of them is left behind. Their stdout/stderr are piped into :func:`~aiodist._launcher.relay.pump`
-tasks. The supervisor then waits for the first of: a worker exiting non-zero or by a signal, all
-workers exiting 0, or a signal to the launcher. Stopping sends SIGTERM (or the launcher's own
-signal) to every live worker's group, SIGKILL after ``term_timeout`` seconds (at once on a second
-launcher signal), then SIGKILL to every worker's group to reap stray children, and drains the
-pipes. On Linux each worker also asks the kernel to SIGKILL it if the launcher dies, so even a
-SIGKILLed launcher leaves no orphans.
+tasks. The supervisor then looks at the workers every ``monitor_interval`` seconds (or at once on
+a signal to the launcher) until one has exited non-zero or by a signal, or all have exited 0.
+After a failure it gives the others ``FAILURE_GRACE`` seconds to exit on their own (a failure
+reaches the other ranks of a collective within milliseconds and they exit with errors of their
+own; stopped at once, they would look like victims of the launcher and their errors would be
+lost). Stopping sends SIGTERM (or the launcher's own signal) to every live worker's group,
+SIGKILL after ``term_timeout`` seconds (at once on a second launcher signal), then SIGKILL to
+every worker's group to reap stray children, and drains the pipes. On Linux each worker also
+asks the kernel to SIGKILL it if the launcher dies, so even a SIGKILLed launcher leaves no orphans.
 """
 
 from __future__ import annotations
@@ -30,13 +33,14 @@ from typing import Any, BinaryIO
 from aiodist._launcher.config import STDERR, STDOUT, LaunchConfig
 from aiodist._launcher.env import worker_env
 from aiodist._launcher.relay import ConsoleWriter, Tail, pump
-from aiodist._launcher.summary import WorkerFailure, format_summary, signal_name
+from aiodist._launcher.summary import WorkerExit, format_summary, root_cause, signal_name
+from aiodist._launcher.tracebacks import compress_frames, error_line
 
 __all__ = ["Supervisor", "pick_free_port"]
 
-#: Launcher signals that are forwarded to the workers (and end the run with 128 + signum).
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 TAIL_LINES = 20
+#: Seconds the other workers get to exit on their own after the first failure, before SIGTERM.
+FAILURE_GRACE = 2.0
 #: How long to wait for the pipes of exited workers to reach EOF (a detached grandchild may hold them).
 DRAIN_TIMEOUT = 2.0
 _PR_SET_PDEATHSIG = 1
@@ -87,17 +91,18 @@ def _killpg(pid: int, signum: int) -> None:
 class _LauncherSignals:
     """Signals to the launcher: the first requests a stop, any further one asks for SIGKILL now."""
 
-    def __init__(self) -> None:
+    def __init__(self, forwarded: tuple[signal.Signals, ...]) -> None:
+        self.forwarded = forwarded  # forwarded to the workers; they end the run with 128 + signum
         self.first: int | None = None
         self.stop = asyncio.Event()
         self.urgent = asyncio.Event()
 
     def install(self, loop: asyncio.AbstractEventLoop) -> None:
-        for signum in FORWARDED_SIGNALS:
+        for signum in self.forwarded:
             loop.add_signal_handler(signum, self._received, int(signum))
 
     def uninstall(self, loop: asyncio.AbstractEventLoop) -> None:
-        for signum in FORWARDED_SIGNALS:
+        for signum in self.forwarded:
             loop.remove_signal_handler(signum)
 
     def _received(self, signum: int) -> None:
@@ -120,29 +125,42 @@ class _Worker:
     files: list[BinaryIO]
     pumps: list[asyncio.Task[None]] = field(default_factory=list)
     exit_time: float | None = None
-    stopped_by_launcher: bool = False
+    stopped_by: int | None = None
 
-    def failure(self, attempt: int) -> WorkerFailure:
+    def seen_exited(self) -> bool:
+        """True once the process has exited; the first call that sees it records the exit time."""
+        if self.process.returncode is None:
+            return False
+        if self.exit_time is None:
+            self.exit_time = time.time()
+        return True
+
+    def ended(self) -> WorkerExit:
         returncode = self.process.returncode
-        assert returncode is not None, "failure() is only called on exited workers"  # internal invariant
-        return WorkerFailure(
+        assert returncode is not None, "ended() is only called on exited workers"  # internal invariant
+        stderr = self.tail.lines()
+        tail, hidden = compress_frames(stderr)
+        return WorkerExit(
             rank=self.rank,
             local_rank=self.local_rank,
             pid=self.process.pid,
             returncode=returncode,
             exit_time=self.exit_time or time.time(),
-            attempt=attempt,
-            stderr_tail=tuple(self.tail.lines(TAIL_LINES)),
+            stopped_by=self.stopped_by,
+            error=error_line(stderr),
+            stderr_tail=tuple(tail[-TAIL_LINES:]),
+            hidden_frames=hidden,
             stderr_log=self.stderr_log,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class _Outcome:
-    """How an attempt ended: ``failures`` is empty when every worker exited 0 (or on a launcher signal)."""
+    """How an attempt ended: ``exits`` holds every worker; ``failed`` is False when every worker
+    exited 0 (or the launcher was signalled)."""
 
-    failures: tuple[WorkerFailure, ...]
-    stopped: int
+    exits: tuple[WorkerExit, ...]
+    failed: bool
 
 
 class Supervisor:
@@ -174,7 +192,7 @@ class Supervisor:
         self._stdout = stdout
         self._stderr = stderr
         self._messages = ConsoleWriter(stderr, f"[{prog}] ".encode())
-        self._signals = _LauncherSignals()
+        self._signals = _LauncherSignals(config.signals)
         self._preexec = _death_signal_preexec()
         self._log_root = self._make_log_root()
 
@@ -208,22 +226,24 @@ class Supervisor:
                 return 1
             if self._signals.first is not None:
                 break
-            if not outcome.failures:
+            if not outcome.failed:
                 return 0
             if attempt < config.max_restarts:
+                root = root_cause(outcome.exits)
+                cause = "a worker failed" if root is None else root.one_line()
+                if root is not None and root.error:
+                    cause += f": {root.error}"
                 self.notice(
-                    f"worker group failed: {outcome.failures[0].one_line()}; "
-                    f"restarting it (restart {attempt + 1} of {config.max_restarts})"
+                    f"worker group failed: {cause}; restarting it (restart {attempt + 1} of {config.max_restarts})"
                 )
                 continue
             self._stderr_text(
                 format_summary(
-                    outcome.failures,
+                    outcome.exits,
                     prog=self._prog,
                     node_rank=config.node_rank,
                     restarts=attempt,
                     max_restarts=config.max_restarts,
-                    stopped=outcome.stopped,
                 )
             )
             return 1
@@ -236,7 +256,7 @@ class Supervisor:
         config = self._config
         port = config.master_port if config.master_port is not None else pick_free_port(config.master_addr)
         workers: list[_Worker] = []
-        failed: list[_Worker] = []
+        failed = False
         try:
             for local_rank in range(config.nproc_per_node):
                 workers.append(await self._spawn(local_rank, attempt, port))
@@ -244,7 +264,7 @@ class Supervisor:
         finally:
             first_signal = self._signals.first or signal.SIGTERM
             await self._stop(workers, first_signal)
-        return self._outcome(workers, failed, attempt)
+        return _Outcome(exits=tuple(worker.ended() for worker in workers), failed=failed)
 
     async def _spawn(self, local_rank: int, attempt: int, port: int) -> _Worker:
         config = self._config
@@ -303,33 +323,38 @@ class Supervisor:
             asyncio.create_task(pump(process.stderr, console=err_console, log=err_log, tail=worker.tail)),
         ]
 
-    async def _watch(self, workers: list[_Worker]) -> list[_Worker]:
-        """Waits for a failure (returned, lowest rank first), all successes or a launcher signal ([])."""
-        waits = {asyncio.ensure_future(worker.process.wait()): worker for worker in workers}
-        stop = asyncio.ensure_future(self._signals.stop.wait())
-        try:
-            while waits:
-                done, _ = await asyncio.wait({*waits, stop}, return_when=asyncio.FIRST_COMPLETED)
-                failed = []
-                for task in done - {stop}:
-                    worker = waits.pop(task)
-                    worker.exit_time = time.time()
-                    if worker.process.returncode != 0:
-                        failed.append(worker)
-                if failed:
-                    return sorted(failed, key=lambda w: w.rank)
-                if stop in done:
-                    return []
-            return []
-        finally:
-            for task in (*waits, stop):
-                task.cancel()
+    async def _watch(self, workers: list[_Worker]) -> bool:
+        """Polls the workers until one fails (True, after the grace period), all exit 0 or the
+        launcher is signalled (False)."""
+        interval = self._config.monitor_interval
+        while not self._signals.stop.is_set():
+            exited = [worker for worker in workers if worker.seen_exited()]
+            if any(worker.process.returncode != 0 for worker in exited):
+                await self._grace(workers, interval)
+                return True
+            if len(exited) == len(workers):
+                return False
+            await self._sleep_unless_stopped(interval)
+        return False
+
+    async def _grace(self, workers: list[_Worker], interval: float) -> None:
+        """Lets the other workers exit on their own for up to ``FAILURE_GRACE`` seconds."""
+        deadline = time.monotonic() + FAILURE_GRACE
+        while not all(worker.seen_exited() for worker in workers) and not self._signals.stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            await self._sleep_unless_stopped(min(interval, left))
+
+    async def _sleep_unless_stopped(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._signals.stop.wait(), seconds)
 
     async def _stop(self, workers: list[_Worker], signum: int) -> None:
         """Signals live workers, escalates to SIGKILL, reaps stray children, drains the pipes."""
-        alive = [worker for worker in workers if worker.process.returncode is None]
+        alive = [worker for worker in workers if not worker.seen_exited()]
         for worker in alive:
-            worker.stopped_by_launcher = True
+            worker.stopped_by = signum
             _killpg(worker.process.pid, signum)
         if alive:
             await self._wait_or_kill(alive, signum)
@@ -352,6 +377,8 @@ class Supervisor:
                 )
                 _killpg(worker.process.pid, signal.SIGKILL)
         await exited
+        for worker in alive:
+            worker.seen_exited()
 
     async def _drain(self, workers: list[_Worker]) -> None:
         pumps = [task for worker in workers for task in worker.pumps]
@@ -365,21 +392,6 @@ class Supervisor:
         for worker in workers:
             for handle in worker.files:
                 handle.close()
-
-    def _outcome(self, workers: list[_Worker], failed: list[_Worker], attempt: int) -> _Outcome:
-        others = sorted(
-            (
-                worker
-                for worker in workers
-                if worker not in failed and not worker.stopped_by_launcher and worker.process.returncode != 0
-            ),
-            key=lambda w: w.exit_time or 0.0,
-        )
-        return _Outcome(
-            failures=tuple(worker.failure(attempt) for worker in (*failed, *others)),
-            # Only workers the stop actually ended count; one that finished with 0 meanwhile did not need it.
-            stopped=sum(worker.stopped_by_launcher and worker.process.returncode != 0 for worker in workers),
-        )
 
     def _on_console(self, local_rank: int, stream: int) -> bool:
         config = self._config

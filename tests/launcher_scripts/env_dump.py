@@ -22,6 +22,8 @@ KEYS = (
     "AIODIST_RESTART_COUNT",
     "AIODIST_SECRET",
     "OMP_NUM_THREADS",
+    "AIODIST_HOST",
+    "CUDA_VISIBLE_DEVICES",
 )
 
 record = {"env": {key: os.environ.get(key) for key in KEYS}, "argv": sys.argv[1:]}
