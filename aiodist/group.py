@@ -52,7 +52,8 @@ class _Op:
     """Bookkeeping of one in-flight operation."""
 
     __slots__ = (
-        "cleanup", "deadline", "error", "future", "is_task", "key", "limit", "name", "survives_loss"
+        "cleanup", "deadline", "error", "future", "is_task", "key", "limit", "name", "started",
+        "survives_loss",
     )  # fmt: skip
 
     def __init__(self, name: str, key: Key) -> None:
@@ -63,6 +64,7 @@ class _Op:
         self.limit = 0.0  # its timeout in seconds
         self.error: BaseException | None = None
         self.is_task = False
+        self.started = False  # a task's body has run its first step
         self.cleanup: Callable[[], None] | None = None
         self.survives_loss = False  # a diagnostic that reports lost members itself
 
@@ -207,7 +209,7 @@ class ProcessGroup:
         if self.broken is None:
             self.broken = DistError(reason)
         for op in list(self._inflight.values()):
-            self._fail(op, DistError(f"{op.name} on rank {self.global_rank}: {reason}"))
+            self._fail(op, DistError(f"{op.name} on rank {self.global_rank}: {reason} while it was in flight"))
         self.transport.remove_peer_lost_listener(self._on_peer_lost)
         self.transport.remove_key_failed_listener(self._on_key_failed)
         if self._deadline_timer is not None:
@@ -269,7 +271,11 @@ class ProcessGroup:
         if op.is_task:
             if op.error is None:  # the first cause wins (a mismatch report, then the peer's abort)
                 op.error = err
-            fut.cancel()
+            if op.started:
+                fut.cancel()
+            # else: cancelling a task that has not run yet would skip ``_body`` altogether (its
+            # coroutine would be thrown CancelledError before its first line, the algorithm
+            # never awaited, the Work cancelled); its first step raises ``op.error`` instead.
         else:
             fut.set_exception(err)
 
@@ -295,6 +301,11 @@ class ProcessGroup:
         return Work(task, name)
 
     async def _body(self, op: _Op, coro: Coroutine[Any, Any, Any]) -> Any:
+        op.started = True
+        if op.error is not None:  # failed before this task first ran (see _fail)
+            coro.close()
+            self._abandon(op, op.error)
+            raise op.error
         try:
             result = await coro
             if op.key[1] == COLL:
