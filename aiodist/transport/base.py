@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiodist.errors import CollectiveMismatchError, DistError, DistNetworkError
+from aiodist.wire.fingerprint import OpFingerprint
 
 __all__ = [
     "COLL",
@@ -67,19 +68,9 @@ def unexpected_cap_from_env() -> int:
 
 
 def describe_fingerprint(fp: Fingerprint | None) -> str:
-    """A human reading of a fingerprint: ``all_reduce #3 (float32 x 10, op SUM)``."""
-    if not fp:
-        return "an untagged message"
-    name = fp[0]
-    if len(fp) == 3:  # point-to-point: (op, dtype, count)
-        return f"{name} of {fp[2]} x {fp[1]}"
-    _, seq, dtype, count, root, redop = (list(fp) + [None] * 6)[:6]
-    extras = [f"{dtype} x {count}"]
-    if root is not None and root >= 0:
-        extras.append(f"root {root}")
-    if redop:
-        extras.append(f"op {redop}")
-    return f"{name} #{seq} ({', '.join(extras)})"
+    """A human reading of a fingerprint: ``all_reduce #3 (float32 x 10, sum)``, ``barrier #0``."""
+    typed = OpFingerprint.from_wire(fp)
+    return "an untagged message" if typed is None else typed.describe()
 
 
 class PendingRecv:
