@@ -20,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import sys
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiodist.errors import CollectiveMismatchError, DistError, DistNetworkError
+from aiodist.wire.control import Control, Goodbye
 from aiodist.wire.fingerprint import OpFingerprint
 
 __all__ = [
@@ -71,6 +73,23 @@ def describe_fingerprint(fp: Fingerprint | None) -> str:
     """A human reading of a fingerprint: ``all_reduce #3 (float32 x 10, sum)``, ``barrier #0``."""
     typed = OpFingerprint.from_wire(fp)
     return "an untagged message" if typed is None else typed.describe()
+
+
+def exit_goodbye() -> Goodbye:
+    """How this process leaves when the interpreter exits (for the goodbye said at exit).
+
+    An uncaught exception: Python prints its traceback and keeps it in ``sys.last_value``
+    before the at-exit handlers run (not in an interactive session, where that is merely the
+    last error shown). ``sys.exit`` with a non-zero code leaves no trace an at-exit handler
+    can read, so it reads as the end of the program.
+    """
+    exc = getattr(sys, "last_value", None)
+    if exc is not None and not hasattr(sys, "ps1") and not isinstance(exc, SystemExit | KeyboardInterrupt):
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return Goodbye("exception", text[:500])
+    if isinstance(exc, KeyboardInterrupt):
+        return Goodbye("exception", "KeyboardInterrupt")
+    return Goodbye("exit")
 
 
 class PendingRecv:
@@ -388,6 +407,7 @@ class Mailbox:
 
 PeerLostListener = Callable[[int, DistNetworkError], None]
 KeyFailedListener = Callable[[Key, BaseException], None]
+ControlHandler = Callable[[int, Control], None]
 
 
 class LateMessageError(CollectiveMismatchError):
@@ -414,6 +434,11 @@ class Transport(ABC):
         # ranks that failed because of it and left) name it too.
         self.first_loss: DistNetworkError | None = None
         self.closed = False
+        # How this rank leaves (said in the goodbye): set before closing when it is not a plain
+        # destroy_process_group (the end of the program, an uncaught exception).
+        self.goodbye: Goodbye | None = None
+        # Per group id: the group's handler of control messages (state queries, resync).
+        self._control_handlers: dict[int, ControlHandler] = {}
 
     # -- the data path -----------------------------------------------------------------
     @abstractmethod
@@ -446,6 +471,24 @@ class Transport(ABC):
     def remove_key_failed_listener(self, cb: KeyFailedListener) -> None:
         if cb in self._key_failed_listeners:
             self._key_failed_listeners.remove(cb)
+
+    def set_control_handler(self, gid: int, cb: ControlHandler | None) -> None:
+        """Route group ``gid``'s control messages to ``cb`` (None: drop them)."""
+        if cb is None:
+            self._control_handlers.pop(gid, None)
+        else:
+            self._control_handlers[gid] = cb
+
+    def _control_received(self, src: int, msg: Control) -> None:
+        """A control message of a group arrived from ``src``: its group answers it."""
+        gid = getattr(msg, "gid", None)
+        handler = self._control_handlers.get(gid) if isinstance(gid, int) else None
+        if handler is not None and not self.closed:
+            handler(src, msg)
+
+    @abstractmethod
+    def send_control(self, dst: int, msg: Control) -> None:
+        """Send a control message to ``dst`` (best effort: nothing when it is gone)."""
 
     def _with_first_loss(self, exc: DistNetworkError) -> DistNetworkError:
         first = self.first_loss
