@@ -10,6 +10,7 @@ from aiodist.errors import DistError as DistError
 from aiodist.errors import DistNetworkError as DistNetworkError
 from aiodist.errors import DistStoreError as DistStoreError
 from aiodist.errors import DistTimeoutError as DistTimeoutError
+from aiodist.errors import GroupOutOfStepError as GroupOutOfStepError
 from aiodist.group import ProcessGroup as ProcessGroup
 from aiodist.ops import ReduceOp as ReduceOp
 from aiodist.ops import reduce_op as reduce_op
@@ -58,6 +59,7 @@ from aiodist.sync._core import get_rank as get_rank
 from aiodist.sync._core import get_world_size as get_world_size
 from aiodist.sync._core import group as group
 from aiodist.sync._core import init_process_group as init_process_group
+from aiodist.sync._core import resync as resync
 from aiodist.sync._core import irecv as irecv
 from aiodist.sync._core import is_available as is_available
 from aiodist.sync._core import is_backend_available as is_backend_available
@@ -103,6 +105,7 @@ __all__ = [
     "DistNetworkError",
     "DistStoreError",
     "DistTimeoutError",
+    "GroupOutOfStepError",
     "FileStore",
     "GroupMember",
     "HashStore",
@@ -121,6 +124,7 @@ __all__ = [
     "get_world_size",
     "group",
     "init_process_group",
+    "resync",
     "irecv",
     "is_available",
     "is_initialized",

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from aiodist.errors import CollectiveMismatchError, DistError, DistNetworkError
+from aiodist.errors import CollectiveMismatchError, DistError, DistNetworkError, GroupOutOfStepError
 from aiodist.wire.control import Control, Goodbye
 from aiodist.wire.fingerprint import OpFingerprint
 
@@ -132,6 +132,7 @@ ABORT_KINDS: dict[str, type[DistError]] = {
     "network": DistNetworkError,
     "mismatch": CollectiveMismatchError,
     "error": DistError,
+    "out_of_step": GroupOutOfStepError,
 }
 
 
@@ -141,6 +142,8 @@ def abort_kind(exc: BaseException) -> str:
         return "network"
     if isinstance(exc, CollectiveMismatchError):
         return "mismatch"
+    if isinstance(exc, GroupOutOfStepError):
+        return "out_of_step"
     return "error"
 
 
@@ -186,6 +189,9 @@ class Mailbox:
         self._failed_keys: dict[Key, BaseException] = {}
         self._dead: dict[int, BaseException] = {}
         self._order = itertools.count()
+        # Per group id: messages of its collectives (and their checks) numbered below this are
+        # stale (a resync moved every rank past them) and are discarded.
+        self._floors: dict[int, int] = {}
 
     # -- receiving side: posting ---------------------------------------------------------
     def post(
@@ -262,6 +268,8 @@ class Mailbox:
         payload must be read and dropped, or None when it must be held as unexpected.
         """
         if key in self._abandoned:
+            return DISCARD
+        if self._floors and key[1] != P2P and key[2] < self._floors.get(key[0], 0):
             return DISCARD
         specific = self._posted.get((src, key))
         anyq = self._posted_any.get(key)
@@ -367,6 +375,24 @@ class Mailbox:
         for table_key in [k for k in self._posted if k[1] == key]:
             del self._posted[table_key]
         self._posted_any.pop(key, None)
+
+    def set_floor(self, gid: int, floor: int) -> None:
+        """Discard group ``gid``'s collective messages numbered below ``floor``, held and to come."""
+        self._floors[gid] = max(floor, self._floors.get(gid, 0))
+        stale = [k for k in self._held if k[1][0] == gid and k[1][1] != P2P and k[1][2] < floor]
+        for table_key in stale:
+            for held in self._held.pop(table_key):
+                self.unexpected_bytes -= held.payload.nbytes
+        if stale and self.on_drain is not None:
+            self.on_drain()
+
+    def was_finished(self, key: Key) -> bool:
+        """The collective ``key`` completed here (among the last few thousand)."""
+        return key in self._finished
+
+    def was_abandoned(self, key: Key) -> bool:
+        """The operation ``key`` failed or timed out here; its messages are discarded."""
+        return key in self._abandoned
 
     def fail_key(self, key: Key, exc: BaseException) -> None:
         """Fail every receive posted for ``key`` now and later (the peer reported a mismatch)."""
