@@ -230,7 +230,13 @@ class StepKeeper:
         done = [r for r, (status, _) in q.replies.items() if status == DONE]
         parts = []
         if never:
-            where = ", ".join(f"rank {r} is at {_at(st.next_seq)}" for r, st in sorted(never.items()))
+            if len(never) == 1:
+                (n,) = (st.next_seq for st in never.values())
+                where = (
+                    f"it is at operation #{n - 1}" if n else "it has started no operation on the group yet"
+                )
+            else:
+                where = ", ".join(f"rank {r} is at {_at(st.next_seq)}" for r, st in sorted(never.items()))
             parts.append(f"{_ranks(never)} never entered it ({where})")
         if done:
             parts.append(f"{_ranks(done)} had completed it")
@@ -238,15 +244,16 @@ class StepKeeper:
             parts.append(f"{_ranks(q.pending)} did not answer within {q.window:g} s (stopped or overloaded)")
         if not parts:
             parts.append("every rank entered it")
+        me = f"{op.name} on rank {g.global_rank} ({g.name})"
+        waited = "" if q.waiting.startswith("no rank") else f" waiting for data from {q.waiting}"
         if q.elapsed >= 0.9 * q.limit:
-            head = f"timed out after {q.limit:g} s"
-        else:
-            head = f"was given up after {q.elapsed:.2g} s (its limit: {q.limit:g} s)"
-        note = f" ({q.note})" if q.note else ""
-        text = (
-            f"{op.name} on rank {g.global_rank} ({g.name}) {head} waiting for data from "
-            f"{q.waiting}{q.stall}{note}: {'; '.join(parts)}"
-        )
+            note = f" ({q.note})" if q.note else ""
+            text = f"{me} timed out after {q.limit:g} s{waited}{q.stall}{note}: {'; '.join(parts)}"
+        else:  # a member gave up on it first, before this rank's own deadline
+            text = (
+                f"{me} was abandoned after {q.elapsed:.2g} s here{waited}{q.stall}: {q.note} "
+                f"(time limit {q.limit:g} s); {'; '.join(parts)}"
+            )
         detail = ""
         if never or done:
             at = {r: st.next_seq for r, (_, st) in q.replies.items()}
@@ -282,7 +289,7 @@ class StepKeeper:
                 # It cannot complete (src no longer takes part): give up on it now, as src did,
                 # rather than at our own deadline, so that both ranks go on to the next
                 # operation together; our error names who never entered it, as src's does.
-                g._give_up(op, f"rank {src} reached the time limit first")
+                g._give_up(op, f"rank {src} reached its time limit in it first")
         elif status in (NOT_STARTED, DONE):
             what = "never entered" if status == NOT_STARTED else "had completed"
             at = {src: q.state.next_seq, g.global_rank: g._seq}
@@ -312,23 +319,29 @@ class StepKeeper:
             )
 
     # -- out of step --------------------------------------------------------------------
-    def mark_out_of_step(self, detail: str) -> None:
-        """The ranks disagree about which operations ran: refuse collectives until resync, and
-        fail those in flight (their abort notices tell the members they involve)."""
+    def mark_out_of_step(self, detail: str = "", error: GroupOutOfStepError | None = None) -> None:
+        """The ranks disagree about which operations ran (``detail``, or a member's ``error``
+        saying so): refuse collectives until resync, and fail those in flight (their abort
+        notices tell the members they involve)."""
         g = self.group
         if g.out_of_step is None:
-            g.out_of_step = GroupOutOfStepError(
+            g.out_of_step = error or GroupOutOfStepError(
                 f"{g.name} is out of step: {detail}; call resync on every rank "
                 "(aiodist.resync or aiodist.sync.resync), then go on"
             )
-        self.fail_in_flight(lambda op: f"{op.name} on rank {g.global_rank}: {g.out_of_step}")
+        # (an operation that timed out here is left to raise its own error, which names who
+        # never entered it, at the end of its exchange)
+        self.fail_in_flight(lambda op: f"{op.name} on rank {g.global_rank}: {g.out_of_step}", timed_out=False)
 
-    def fail_in_flight(self, why: Any) -> list[str]:
-        """Fail this group's collectives in flight with ``GroupOutOfStepError(why(op))``."""
+    def fail_in_flight(self, why: Any, *, timed_out: bool = True) -> list[str]:
+        """Fail this group's collectives in flight with ``GroupOutOfStepError(why(op))``
+        (``timed_out``: also those that timed out here and wait for the members' answers)."""
         g = self.group
         names = []
         for op in list(g._inflight.values()):
             if op.key[1] == COLL and op.future is not None and not op.future.done():
+                if not timed_out and g.transport.mailbox.was_abandoned(op.key):
+                    continue
                 names.append(op.name)
                 g.transport.abandon(op.key)
                 g._fail(op, GroupOutOfStepError(why(op)))

@@ -205,7 +205,7 @@ class ProcessGroup:
             return  # about an operation a resync has settled: stale
         if isinstance(exc, GroupOutOfStepError) and key[1] == COLL:
             # A member found the group out of step and failed this operation: so do we.
-            self._keeper.mark_out_of_step(str(exc))
+            self._keeper.mark_out_of_step(error=exc)
         if isinstance(exc, DistNetworkError) and key[1] == COLL and self.broken is None:
             # Another member abandoned a collective because it lost a peer (its notice
             # names it): this group cannot go on, even before our own connection reports it.
@@ -223,7 +223,9 @@ class ProcessGroup:
         if self.broken is None:
             self.broken = DistError(reason)
         for op in list(self._inflight.values()):
-            self._fail(op, DistError(f"{op.name} on rank {self.global_rank}: {reason} while it was in flight"))
+            self._fail(
+                op, DistError(f"{op.name} on rank {self.global_rank}: {reason} while it was in flight")
+            )
         self._keeper.close(reason)
         self.transport.remove_peer_lost_listener(self._on_peer_lost)
         self.transport.remove_key_failed_listener(self._on_key_failed)

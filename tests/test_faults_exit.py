@@ -51,7 +51,11 @@ def _run(tmp_path: Path, how: str) -> tuple[str, str]:
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(script), how], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                [sys.executable, str(script), how],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
             )
         )
     outs = []
@@ -63,7 +67,7 @@ def _run(tmp_path: Path, how: str) -> tuple[str, str]:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    (out0, err0, rc0), (_, err1, rc1) = outs
+    (out0, err0, rc0), (_, err1, _) = outs
     assert rc0 == 0, err0
     lines = [ln for ln in out0.splitlines() if ln.startswith("RESULT")]
     assert len(lines) == 1, (out0, err0)

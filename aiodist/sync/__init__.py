@@ -59,7 +59,6 @@ from aiodist.sync._core import get_rank as get_rank
 from aiodist.sync._core import get_world_size as get_world_size
 from aiodist.sync._core import group as group
 from aiodist.sync._core import init_process_group as init_process_group
-from aiodist.sync._core import resync as resync
 from aiodist.sync._core import irecv as irecv
 from aiodist.sync._core import is_available as is_available
 from aiodist.sync._core import is_backend_available as is_backend_available
@@ -75,6 +74,7 @@ from aiodist.sync._core import new_group as new_group
 from aiodist.sync._core import new_subgroups as new_subgroups
 from aiodist.sync._core import new_subgroups_by_enumeration as new_subgroups_by_enumeration
 from aiodist.sync._core import recv as recv
+from aiodist.sync._core import resync as resync
 from aiodist.sync._core import send as send
 from aiodist.sync._core import supports_complex as supports_complex
 from aiodist.work import Work as Work

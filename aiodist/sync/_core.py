@@ -62,6 +62,7 @@ __all__ = [
     "new_subgroups_by_enumeration",
     "not_in_group",
     "recv",
+    "resync",
     "send",
     "supports_complex",
 ]

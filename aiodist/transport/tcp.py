@@ -538,7 +538,12 @@ class TcpTransport(Transport):
     def send_abort(self, dst: int, key: Key, reason: str, kind: str = "network") -> None:
         proto = self._peers.get(dst)
         # (once leaving, say nothing more: the goodbye tells the peers; the stream is half-closed)
-        if proto is not None and dst not in self.dead_peers and proto.transport is not None and not self._closing:
+        if (
+            proto is not None
+            and dst not in self.dead_peers
+            and proto.transport is not None
+            and not self._closing
+        ):
             proto.write_message(
                 encode_frame([KIND_ABORT, key[0], key[1], key[2], [kind[:32], reason[:4000]]]),
                 memoryview(b""),

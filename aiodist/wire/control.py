@@ -134,7 +134,10 @@ class GroupState:
         if not isinstance(v, list) or len(v) != 4 or not isinstance(v[3], list) or len(v[3]) > MAX_OUTCOMES:
             raise ProtocolError("malformed group state")
         return cls(
-            _int(v[0], "next_seq"), _int(v[1], "resyncs"), _int(v[2], "window_from"), tuple(map(_status, v[3]))
+            _int(v[0], "next_seq"),
+            _int(v[1], "resyncs"),
+            _int(v[2], "window_from"),
+            tuple(map(_status, v[3])),
         )
 
 
