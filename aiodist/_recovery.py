@@ -246,14 +246,12 @@ class StepKeeper:
             parts.append("every rank entered it")
         me = f"{op.name} on rank {g.global_rank} ({g.name})"
         waited = "" if q.waiting.startswith("no rank") else f" waiting for data from {q.waiting}"
-        if q.elapsed >= 0.9 * q.limit:
+        if not q.note or (q.limit < math.inf and q.elapsed >= 0.9 * q.limit):
             note = f" ({q.note})" if q.note else ""
             text = f"{me} timed out after {q.limit:g} s{waited}{q.stall}{note}: {'; '.join(parts)}"
-        else:  # a member gave up on it first, before this rank's own deadline
-            text = (
-                f"{me} was abandoned after {q.elapsed:.2g} s here{waited}{q.stall}: {q.note} "
-                f"(time limit {q.limit:g} s); {'; '.join(parts)}"
-            )
+        else:  # a member gave up on it first, before this rank's own deadline (if any)
+            after = f" after {q.elapsed:.2g} s" if q.elapsed < math.inf else ""
+            text = f"{me} was abandoned{after} here{waited}{q.stall}: {q.note}; {'; '.join(parts)}"
         detail = ""
         if never or done:
             at = {r: st.next_seq for r, (_, st) in q.replies.items()}

@@ -86,7 +86,7 @@ def test_paused_rank_then_resync_converges(paused: int) -> None:
         last_error_at = max(t for t, _, _ in r["errors"])
         assert last_error_at < 1.0 + PAUSE + 3 * T, (rank, r["errors"])
     # the paused rank's first error came after it resumed, the others' while it was stopped
-    print({rank: r["errors"] for rank, r in enumerate(res)})
+    print({rank: (r["errors"], r["reports"]) for rank, r in enumerate(res)})
 
 
 def _sync_skip(rank: int, size: int) -> dict[str, Any]:
