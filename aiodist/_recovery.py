@@ -157,7 +157,9 @@ class StepKeeper:
         self._resync: _Resync | None = None
 
     # -- this rank's state ----------------------------------------------------------------
-    def status(self, seq: int) -> int:
+    def status(self, seq: int, running: set[int] | None = None) -> int:
+        """What this rank knows of its collective ``seq`` (``running``: the in-flight ones, if
+        already collected)."""
         g = self.group
         if seq >= g._seq:
             return NOT_STARTED
@@ -167,14 +169,23 @@ class StepKeeper:
             return ABANDONED
         if mailbox.was_finished(key):
             return DONE
-        if self._op(seq) is not None:
+        if seq in (self._running() if running is None else running):
             return RUNNING
         return UNKNOWN
 
     def snapshot(self) -> GroupState:
         n = self.group._seq
         start = max(0, n - MAX_OUTCOMES)
-        return GroupState(n, self.resyncs, start, tuple(self.status(s) for s in range(start, n)))
+        running = self._running()
+        return GroupState(n, self.resyncs, start, tuple(self.status(s, running) for s in range(start, n)))
+
+    def _running(self) -> set[int]:
+        g = self.group
+        return {
+            op.key[2]
+            for op in g._inflight.values()
+            if op.key[0] == g.gid and op.key[1] == COLL and op.future is not None and not op.future.done()
+        }
 
     def _op(self, seq: int) -> _Op | None:
         g = self.group
@@ -201,8 +212,8 @@ class StepKeeper:
         self._next_qid += 1
         q = _Query(op, limit, waiting, stall, note, elapsed, min(MAX_QUERY_WAIT, limit / 2), set(members))
         self._queries[qid] = q
-        for old in [k for k in self._queries if k <= qid - _QUERIES_KEPT]:
-            self._forget(old)
+        for old in [k for k, v in self._queries.items() if v.concluded and k <= qid - _QUERIES_KEPT]:
+            self._forget(old)  # (one still waiting for answers is kept: its operation must fail)
         msg = StateQuery(g.gid, qid, op.key[2], op.name, self.snapshot())
         for r in members:
             g.transport.send_control(r, msg)
