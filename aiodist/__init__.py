@@ -32,6 +32,7 @@ from aiodist._p2p import irecv as irecv
 from aiodist._p2p import isend as isend
 from aiodist._p2p import recv as recv
 from aiodist._p2p import send as send
+from aiodist._resync import resync as resync
 from aiodist._world import WORLD as WORLD
 from aiodist._world import destroy_process_group as destroy_process_group
 from aiodist._world import get_backend as get_backend
@@ -47,6 +48,7 @@ from aiodist.errors import DistStoreError as DistStoreError
 from aiodist.errors import DistTimeoutError as DistTimeoutError
 from aiodist.errors import DistTypeError as DistTypeError
 from aiodist.errors import DistValueError as DistValueError
+from aiodist.errors import GroupOutOfStepError as GroupOutOfStepError
 from aiodist.group import ProcessGroup as ProcessGroup
 from aiodist.ops import ReduceOp as ReduceOp
 from aiodist.ops import reduce_op as reduce_op
@@ -69,6 +71,7 @@ __all__ = [
     "DistTypeError",
     "DistValueError",
     "FileStore",
+    "GroupOutOfStepError",
     "HashStore",
     "P2POp",
     "PrefixStore",
@@ -91,6 +94,7 @@ __all__ = [
     "new_group",
     "recv",
     "reduce_op",
+    "resync",
     "send",
     "all_gather",
     "all_gather_into_tensor",

@@ -20,7 +20,7 @@ from aiodist.errors import DistError, DistTimeoutError, DistTypeError, DistValue
 from aiodist.group import ProcessGroup
 from aiodist.rendezvous import is_loopback, local_address_towards, resolve_rendezvous
 from aiodist.store import PrefixStore, Store
-from aiodist.transport.base import Transport
+from aiodist.transport.base import Transport, exit_goodbye
 from aiodist.transport.mesh import claim_rank, connect_mesh
 from aiodist.wire.handshake import secret_from_env
 
@@ -252,6 +252,7 @@ def _leave_at_exit(loop: asyncio.AbstractEventLoop) -> None:
 def _destroy_at_exit(lt: _loop_thread.LoopThread) -> None:
     if _world is None or _world.loop is not lt.loop or lt.loop.is_closed():
         return
+    _world.transport.goodbye = exit_goodbye()  # peers are told how this rank exited
     try:
         lt.run(destroy_process_group(), timeout=10)
     except Exception as exc:  # exiting anyway; say why the leave was not clean

@@ -15,6 +15,7 @@ __all__ = [
     "DistTimeoutError",
     "DistTypeError",
     "DistValueError",
+    "GroupOutOfStepError",
 ]
 
 
@@ -36,6 +37,13 @@ class DistStoreError(DistError):
 
 class CollectiveMismatchError(DistError):
     """Ranks called different collectives, or the same one with different shapes, dtypes or roots."""
+
+
+class GroupOutOfStepError(DistError):
+    """The ranks of a group disagree about which of its collectives ran (after a timeout, a rank
+    abandoned an operation another never entered or completed). Every collective on the group
+    raises this at once until every member calls ``resync``; the message names the ranks and
+    the operation numbers they are at."""
 
 
 class DistValueError(DistError, ValueError):

@@ -5,7 +5,9 @@ the group's next sequence number, which becomes its message key on every rank (c
 on a group are matched across ranks by call order, as in torch); point-to-point messages
 are keyed by the user's tag. Each started operation is tracked until it ends, so that a
 timeout fails that one operation (and abandons its key: stale data arriving later is
-dropped) while a lost peer fails them all and breaks the group.
+dropped) while a lost peer fails them all and breaks the group. After a collective times out,
+its rank asks the members where they stand before raising; ranks that disagree about which
+collectives ran mark the group out of step until ``resync`` (``aiodist._recovery``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from aiodist import _busy_poll, _tensors
+from aiodist._recovery import StepKeeper
 from aiodist.collectives.barrier import barrier as _barrier_algo
 from aiodist.collectives.context import OpContext, byte_view
 from aiodist.errors import (
@@ -25,6 +28,7 @@ from aiodist.errors import (
     DistTimeoutError,
     DistTypeError,
     DistValueError,
+    GroupOutOfStepError,
 )
 from aiodist.ops import dtype_name
 from aiodist.transport.base import (
@@ -52,7 +56,8 @@ class _Op:
     """Bookkeeping of one in-flight operation."""
 
     __slots__ = (
-        "cleanup", "deadline", "error", "future", "is_task", "key", "limit", "name", "survives_loss"
+        "cleanup", "deadline", "error", "future", "is_task", "key", "limit", "name", "started",
+        "survives_loss",
     )  # fmt: skip
 
     def __init__(self, name: str, key: Key) -> None:
@@ -63,6 +68,7 @@ class _Op:
         self.limit = 0.0  # its timeout in seconds
         self.error: BaseException | None = None
         self.is_task = False
+        self.started = False  # a task's body has run its first step
         self.cleanup: Callable[[], None] | None = None
         self.survives_loss = False  # a diagnostic that reports lost members itself
 
@@ -124,9 +130,15 @@ class ProcessGroup:
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._deadline_at = math.inf
         self._poll = _busy_poll.for_loop(self.loop)
+        # Set while the ranks disagree about which collectives ran: collectives raise it until
+        # resync (aiodist._recovery). Collectives numbered below _floor were settled by a resync.
+        self.out_of_step: GroupOutOfStepError | None = None
+        self._floor = 0
+        self._keeper = StepKeeper(self)
         if self.rank >= 0:
             transport.add_peer_lost_listener(self._on_peer_lost)
             transport.add_key_failed_listener(self._on_key_failed)
+            transport.set_control_handler(gid, self._keeper.on_control)
 
     def __repr__(self) -> str:
         return f"<ProcessGroup {self.name} ranks={list(self.ranks)} rank={self.rank}>"
@@ -172,6 +184,7 @@ class ProcessGroup:
             return
         if self.broken is None:
             self.broken = exc
+        self._keeper.on_peer_lost(peer, exc)
         stranded = [op for op in self._inflight.values() if op.future is not None and not op.survives_loss]
         if stranded:
             self.loop.call_later(PEER_LOSS_GRACE, self._fail_stranded, stranded, exc)
@@ -190,6 +203,11 @@ class ProcessGroup:
     def _on_key_failed(self, key: Key, exc: BaseException) -> None:
         if key[0] != self.gid:
             return
+        if key[1] == COLL and key[2] < self._floor:
+            return  # about an operation a resync has settled: stale
+        if isinstance(exc, GroupOutOfStepError) and key[1] == COLL:
+            # A member found the group out of step and failed this operation: so do we.
+            self._keeper.mark_out_of_step(error=exc)
         if isinstance(exc, DistNetworkError) and key[1] == COLL and self.broken is None:
             # Another member abandoned a collective because it lost a peer (its notice
             # names it): this group cannot go on, even before our own connection reports it.
@@ -207,9 +225,14 @@ class ProcessGroup:
         if self.broken is None:
             self.broken = DistError(reason)
         for op in list(self._inflight.values()):
-            self._fail(op, DistError(f"{op.name} on rank {self.global_rank}: {reason}"))
+            self._fail(
+                op, DistError(f"{op.name} on rank {self.global_rank}: {reason} while it was in flight")
+            )
+        self._keeper.close(reason)
         self.transport.remove_peer_lost_listener(self._on_peer_lost)
         self.transport.remove_key_failed_listener(self._on_key_failed)
+        if self.rank >= 0:
+            self.transport.set_control_handler(self.gid, None)
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
             self._deadline_timer, self._deadline_at = None, math.inf
@@ -254,11 +277,27 @@ class ProcessGroup:
 
     def _timed_out(self, op: _Op, t: float) -> None:
         waiting = self.transport.mailbox.waiting_on(op.key)
+        if op.key[1] == COLL and self.size > 1 and not self.transport.closed:
+            # Stop taking its data now; raise once the members said where they stand.
+            self.transport.abandon(op.key)
+            self._keeper.timed_out(op, t, _describe_ranks(waiting), self.transport.stall_note())
+            return
         err = DistTimeoutError(
             f"{op.name} on rank {self.global_rank} ({self.name}) timed out after {t:g} s "
             f"waiting for data from {_describe_ranks(waiting)}{self.transport.stall_note()}"
         )
         self._fail(op, err)
+
+    def _give_up(self, op: _Op, note: str) -> None:
+        """Time out the collective ``op`` before its deadline: a member gave up on it (``note``)."""
+        started = op.deadline - op.limit if op.deadline != math.inf else -math.inf
+        op.deadline = math.inf
+        waiting = self.transport.mailbox.waiting_on(op.key)
+        self.transport.abandon(op.key)
+        self._keeper.timed_out(
+            op, op.limit or self.timeout, _describe_ranks(waiting), self.transport.stall_note(),
+            note, self.loop.time() - started,
+        )  # fmt: skip
 
     def _fail(self, op: _Op, err: BaseException) -> None:
         fut = op.future
@@ -269,7 +308,11 @@ class ProcessGroup:
         if op.is_task:
             if op.error is None:  # the first cause wins (a mismatch report, then the peer's abort)
                 op.error = err
-            fut.cancel()
+            if op.started:
+                fut.cancel()
+            # else: cancelling a task that has not run yet would skip ``_body`` altogether (its
+            # coroutine would be thrown CancelledError before its first line, the algorithm
+            # never awaited, the Work cancelled); its first step raises ``op.error`` instead.
         else:
             fut.set_exception(err)
 
@@ -295,6 +338,11 @@ class ProcessGroup:
         return Work(task, name)
 
     async def _body(self, op: _Op, coro: Coroutine[Any, Any, Any]) -> Any:
+        op.started = True
+        if op.error is not None:  # failed before this task first ran (see _fail)
+            coro.close()
+            self._abandon(op, op.error)
+            raise op.error
         try:
             result = await coro
             if op.key[1] == COLL:
@@ -437,6 +485,8 @@ class ProcessGroup:
         """
         if not (allow_broken and self.rank >= 0):
             self.check_usable(name)
+            if self.out_of_step is not None:
+                raise GroupOutOfStepError(f"{name} on rank {self.global_rank}: {self.out_of_step}")
         seq = self._seq
         self._seq += 1
         key = (self.gid, COLL, seq)
@@ -453,6 +503,10 @@ class ProcessGroup:
         """Start the algorithm ``coro`` for the operation described by ``ctx``."""
         assert ctx.fp is not None
         return self.start(f"{ctx.fp[0]} #{ctx.fp[1]}", ctx.key, coro, timeout, survives_loss=survives_loss)
+
+    def resync(self, timeout: float | None = None) -> Work:
+        """Bring the group back in step after a timeout or a disagreement (see ``aiodist.resync``)."""
+        return self._keeper.resync(timeout)
 
     def barrier(self, timeout: float | None = None) -> Work:
         ctx = self.next_op("barrier")

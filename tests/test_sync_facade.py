@@ -53,7 +53,7 @@ KNOWN_MISSING = {
 }
 
 # Names we export that torch does not have.
-OUR_ADDITIONS = {"CollectiveMismatchError", "DistTimeoutError"}
+OUR_ADDITIONS = {"CollectiveMismatchError", "DistTimeoutError", "GroupOutOfStepError", "resync"}
 
 
 def _default(value: Any) -> str:

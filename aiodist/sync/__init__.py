@@ -10,6 +10,7 @@ from aiodist.errors import DistError as DistError
 from aiodist.errors import DistNetworkError as DistNetworkError
 from aiodist.errors import DistStoreError as DistStoreError
 from aiodist.errors import DistTimeoutError as DistTimeoutError
+from aiodist.errors import GroupOutOfStepError as GroupOutOfStepError
 from aiodist.group import ProcessGroup as ProcessGroup
 from aiodist.ops import ReduceOp as ReduceOp
 from aiodist.ops import reduce_op as reduce_op
@@ -73,6 +74,7 @@ from aiodist.sync._core import new_group as new_group
 from aiodist.sync._core import new_subgroups as new_subgroups
 from aiodist.sync._core import new_subgroups_by_enumeration as new_subgroups_by_enumeration
 from aiodist.sync._core import recv as recv
+from aiodist.sync._core import resync as resync
 from aiodist.sync._core import send as send
 from aiodist.sync._core import supports_complex as supports_complex
 from aiodist.work import Work as Work
@@ -103,6 +105,7 @@ __all__ = [
     "DistNetworkError",
     "DistStoreError",
     "DistTimeoutError",
+    "GroupOutOfStepError",
     "FileStore",
     "GroupMember",
     "HashStore",
@@ -121,6 +124,7 @@ __all__ = [
     "get_world_size",
     "group",
     "init_process_group",
+    "resync",
     "irecv",
     "is_available",
     "is_initialized",

@@ -62,6 +62,7 @@ __all__ = [
     "new_subgroups_by_enumeration",
     "not_in_group",
     "recv",
+    "resync",
     "send",
     "supports_complex",
 ]
@@ -552,6 +553,15 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     if any(not_in_group(p.group, "batch_isend_irecv") for p in ops):
         return []
     return on_loop(lambda: _p2p.batch_isend_irecv(ops))
+
+
+def resync(group: Any = None, timeout: datetime.timedelta | float | None = None) -> Any:
+    """Bring ``group`` back in step after a failed collective; every member calls it (blocking).
+
+    Returns the ``ResyncReport`` (see ``aiodist.resync``).
+    """
+    seconds = _seconds(timeout)
+    return call(lambda: _world.resolve_group(group).resync(seconds), False)
 
 
 def barrier(

@@ -20,12 +20,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import sys
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from aiodist.errors import CollectiveMismatchError, DistError, DistNetworkError
+from aiodist.errors import CollectiveMismatchError, DistError, DistNetworkError, GroupOutOfStepError
+from aiodist.wire.control import Control, Goodbye
+from aiodist.wire.fingerprint import OpFingerprint
 
 __all__ = [
     "COLL",
@@ -67,19 +70,26 @@ def unexpected_cap_from_env() -> int:
 
 
 def describe_fingerprint(fp: Fingerprint | None) -> str:
-    """A human reading of a fingerprint: ``all_reduce #3 (float32 x 10, op SUM)``."""
-    if not fp:
-        return "an untagged message"
-    name = fp[0]
-    if len(fp) == 3:  # point-to-point: (op, dtype, count)
-        return f"{name} of {fp[2]} x {fp[1]}"
-    _, seq, dtype, count, root, redop = (list(fp) + [None] * 6)[:6]
-    extras = [f"{dtype} x {count}"]
-    if root is not None and root >= 0:
-        extras.append(f"root {root}")
-    if redop:
-        extras.append(f"op {redop}")
-    return f"{name} #{seq} ({', '.join(extras)})"
+    """A human reading of a fingerprint: ``all_reduce #3 (float32 x 10, sum)``, ``barrier #0``."""
+    typed = OpFingerprint.from_wire(fp)
+    return "an untagged message" if typed is None else typed.describe()
+
+
+def exit_goodbye() -> Goodbye:
+    """How this process leaves when the interpreter exits (for the goodbye said at exit).
+
+    An uncaught exception: Python prints its traceback and keeps it in ``sys.last_value``
+    before the at-exit handlers run (not in an interactive session, where that is merely the
+    last error shown). ``sys.exit`` with a non-zero code leaves no trace an at-exit handler
+    can read, so it reads as the end of the program.
+    """
+    exc = getattr(sys, "last_value", None)
+    if exc is not None and not hasattr(sys, "ps1") and not isinstance(exc, SystemExit | KeyboardInterrupt):
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return Goodbye("exception", text[:500])
+    if isinstance(exc, KeyboardInterrupt):
+        return Goodbye("exception", "KeyboardInterrupt")
+    return Goodbye("exit")
 
 
 class PendingRecv:
@@ -122,6 +132,7 @@ ABORT_KINDS: dict[str, type[DistError]] = {
     "network": DistNetworkError,
     "mismatch": CollectiveMismatchError,
     "error": DistError,
+    "out_of_step": GroupOutOfStepError,
 }
 
 
@@ -131,6 +142,8 @@ def abort_kind(exc: BaseException) -> str:
         return "network"
     if isinstance(exc, CollectiveMismatchError):
         return "mismatch"
+    if isinstance(exc, GroupOutOfStepError):
+        return "out_of_step"
     return "error"
 
 
@@ -176,6 +189,9 @@ class Mailbox:
         self._failed_keys: dict[Key, BaseException] = {}
         self._dead: dict[int, BaseException] = {}
         self._order = itertools.count()
+        # Per group id: messages of its collectives (and their checks) numbered below this are
+        # stale (a resync moved every rank past them) and are discarded.
+        self._floors: dict[int, int] = {}
 
     # -- receiving side: posting ---------------------------------------------------------
     def post(
@@ -252,6 +268,8 @@ class Mailbox:
         payload must be read and dropped, or None when it must be held as unexpected.
         """
         if key in self._abandoned:
+            return DISCARD
+        if self._floors and key[1] != P2P and key[2] < self._floors.get(key[0], 0):
             return DISCARD
         specific = self._posted.get((src, key))
         anyq = self._posted_any.get(key)
@@ -358,6 +376,24 @@ class Mailbox:
             del self._posted[table_key]
         self._posted_any.pop(key, None)
 
+    def set_floor(self, gid: int, floor: int) -> None:
+        """Discard group ``gid``'s collective messages numbered below ``floor``, held and to come."""
+        self._floors[gid] = max(floor, self._floors.get(gid, 0))
+        stale = [k for k in self._held if k[1][0] == gid and k[1][1] != P2P and k[1][2] < floor]
+        for table_key in stale:
+            for held in self._held.pop(table_key):
+                self.unexpected_bytes -= held.payload.nbytes
+        if stale and self.on_drain is not None:
+            self.on_drain()
+
+    def was_finished(self, key: Key) -> bool:
+        """The collective ``key`` completed here (among the last few thousand)."""
+        return key in self._finished
+
+    def was_abandoned(self, key: Key) -> bool:
+        """The operation ``key`` failed or timed out here; its messages are discarded."""
+        return key in self._abandoned
+
     def fail_key(self, key: Key, exc: BaseException) -> None:
         """Fail every receive posted for ``key`` now and later (the peer reported a mismatch)."""
         self._failed_keys[key] = exc
@@ -397,6 +433,7 @@ class Mailbox:
 
 PeerLostListener = Callable[[int, DistNetworkError], None]
 KeyFailedListener = Callable[[Key, BaseException], None]
+ControlHandler = Callable[[int, Control], None]
 
 
 class LateMessageError(CollectiveMismatchError):
@@ -423,6 +460,11 @@ class Transport(ABC):
         # ranks that failed because of it and left) name it too.
         self.first_loss: DistNetworkError | None = None
         self.closed = False
+        # How this rank leaves (said in the goodbye): set before closing when it is not a plain
+        # destroy_process_group (the end of the program, an uncaught exception).
+        self.goodbye: Goodbye | None = None
+        # Per group id: the group's handler of control messages (state queries, resync).
+        self._control_handlers: dict[int, ControlHandler] = {}
 
     # -- the data path -----------------------------------------------------------------
     @abstractmethod
@@ -455,6 +497,24 @@ class Transport(ABC):
     def remove_key_failed_listener(self, cb: KeyFailedListener) -> None:
         if cb in self._key_failed_listeners:
             self._key_failed_listeners.remove(cb)
+
+    def set_control_handler(self, gid: int, cb: ControlHandler | None) -> None:
+        """Route group ``gid``'s control messages to ``cb`` (None: drop them)."""
+        if cb is None:
+            self._control_handlers.pop(gid, None)
+        else:
+            self._control_handlers[gid] = cb
+
+    def _control_received(self, src: int, msg: Control) -> None:
+        """A control message of a group arrived from ``src``: its group answers it."""
+        gid = getattr(msg, "gid", None)
+        handler = self._control_handlers.get(gid) if isinstance(gid, int) else None
+        if handler is not None and not self.closed:
+            handler(src, msg)
+
+    @abstractmethod
+    def send_control(self, dst: int, msg: Control) -> None:
+        """Send a control message to ``dst`` (best effort: nothing when it is gone)."""
 
     def _with_first_loss(self, exc: DistNetworkError) -> DistNetworkError:
         first = self.first_loss

@@ -12,6 +12,7 @@ from collections.abc import Awaitable
 
 from aiodist.errors import DistNetworkError
 from aiodist.transport.base import Fingerprint, Key, Transport
+from aiodist.wire.control import Control, Goodbye
 
 __all__ = ["MemoryFabric", "MemoryTransport"]
 
@@ -59,6 +60,11 @@ class MemoryTransport(Transport):
         if not peer.closed:
             self.loop.call_soon(peer._abort_reported, self.rank, key, reason, kind)
 
+    def send_control(self, dst: int, msg: Control) -> None:
+        peer = self._fabric.transports[dst]
+        if not peer.closed and not self.closed and dst not in self.dead_peers:
+            self.loop.call_soon(peer._control_received, self.rank, msg)
+
     async def aclose(self) -> None:
         """An orderly leave: peers fail only what still needs this rank."""
         self._close(graceful=True)
@@ -76,6 +82,7 @@ class MemoryTransport(Transport):
             if other is self or other.closed:
                 continue
             if graceful:
-                other._peer_left(self.rank, DistNetworkError(f"rank {self.rank} has left the job"))
+                bye = self.goodbye or Goodbye()
+                other._peer_left(self.rank, DistNetworkError(bye.describe(self.rank)))
             else:
                 other._peer_lost(self.rank, DistNetworkError(f"rank {self.rank} closed its connection"))

@@ -32,6 +32,7 @@ from typing import Any, cast
 
 from aiodist.errors import DistError, DistNetworkError, DistTimeoutError
 from aiodist.transport.base import DISCARD, Fingerprint, Key, PendingRecv, Transport
+from aiodist.wire.control import Control, Goodbye, decode_control
 from aiodist.wire.frames import PAUSE, FrameReader, Limits, ProtocolError, encode_frame
 from aiodist.wire.handshake import (
     AuthError,
@@ -53,7 +54,8 @@ log = logging.getLogger("aiodist.transport")
 KIND_DATA = 0
 KIND_MISMATCH = 1
 KIND_ABORT = 2
-KIND_BYE = 3  # an orderly goodbye: the peer destroyed its process group and is leaving
+KIND_BYE = 3  # an orderly goodbye: the peer is leaving, and says how (a Goodbye)
+KIND_CTRL = 4  # a control message of a group (aiodist.wire.control), answered by the runtime
 
 # Payloads up to this size are joined with their header into one bytes object: one small
 # copy is cheaper than a second buffer in the write queue.
@@ -140,7 +142,7 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self._paused = False
         self._deadline: asyncio.TimerHandle | None = None
         self.departed = False  # the peer said goodbye before closing
-        self.bye_note = ""
+        self.goodbye = Goodbye()  # how it said it leaves
 
     # -- asyncio callbacks -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -283,10 +285,23 @@ class _PeerProtocol(asyncio.BufferedProtocol):
             self._target = DISCARD
             return None
         if kind == KIND_BYE:
+            if nbytes:
+                raise ProtocolError(f"malformed goodbye from rank {self.peer}")
             self.departed = True
-            # fp: why it leaves, when a lost peer of its own was the reason (or None)
-            self.bye_note = fp[:2000] if isinstance(fp, str) else ""
+            if isinstance(fp, list):
+                bye = decode_control(fp)
+                self.goodbye = bye if isinstance(bye, Goodbye) else Goodbye()
+            elif isinstance(fp, str):  # a peer of an earlier version: the loss that made it leave
+                self.goodbye = Goodbye(after_loss=fp[:2000])
             self._target = DISCARD
+            return None
+        if kind == KIND_CTRL:
+            if nbytes:
+                raise ProtocolError(f"malformed control message from rank {self.peer}")
+            msg = decode_control(fp)
+            self._target = DISCARD
+            if not self.owner._closing:
+                self.owner._control_received(self.peer, msg)
             return None
         raise ProtocolError(f"unknown message kind {kind!r} from rank {self.peer}")
 
@@ -515,18 +530,32 @@ class TcpTransport(Transport):
 
     def _send_mismatch(self, dst: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
         proto = self._peers.get(dst)
-        if proto is not None and dst not in self.dead_peers:
+        if proto is not None and dst not in self.dead_peers and not self._closing:
             proto.write_message(
                 encode_frame([KIND_MISMATCH, key[0], key[1], key[2], [sent, want]]), memoryview(b"")
             )
 
     def send_abort(self, dst: int, key: Key, reason: str, kind: str = "network") -> None:
         proto = self._peers.get(dst)
-        if proto is not None and dst not in self.dead_peers and proto.transport is not None:
+        # (once leaving, say nothing more: the goodbye tells the peers; the stream is half-closed)
+        if (
+            proto is not None
+            and dst not in self.dead_peers
+            and proto.transport is not None
+            and not self._closing
+        ):
             proto.write_message(
                 encode_frame([KIND_ABORT, key[0], key[1], key[2], [kind[:32], reason[:4000]]]),
                 memoryview(b""),
             )
+
+    def send_control(self, dst: int, msg: Control) -> None:
+        proto = self._peers.get(dst)
+        if proto is None or dst in self.dead_peers or proto.transport is None or self._closing:
+            return
+        if proto.transport.is_closing():
+            return
+        proto.write_message(encode_frame([KIND_CTRL, 0, 0, 0, msg.encode()]), memoryview(b""))
 
     # -- backpressure -------------------------------------------------------------------
     def _room_for(self, nbytes: int) -> bool:
@@ -585,21 +614,15 @@ class TcpTransport(Transport):
         if proto.departed and cause is None:
             # An orderly leave: fail what still needs this rank, but do not break the groups;
             # the other ranks may go on among themselves (torch's tutorial programs do).
-            self._peer_left(
-                proto.peer,
-                DistNetworkError(
-                    f"rank {proto.peer} has left the job (destroy_process_group)"
-                    + (f" after it lost a peer: {proto.bye_note}" if proto.bye_note else "")
-                ),
-            )
+            self._peer_left(proto.peer, DistNetworkError(proto.goodbye.describe(proto.peer)))
             return
         if cause is not None:
             err = DistNetworkError(f"connection to rank {proto.peer} was dropped: {cause}")
         else:
             how = " in the middle of a frame" if mid_frame else ""
             err = DistNetworkError(
-                f"rank {proto.peer} closed its connection{how} without saying goodbye "
-                "(the process died, or exited without destroy_process_group)" + (f": {exc}" if exc else "")
+                f"rank {proto.peer} closed its connection{how} without saying goodbye: the process died "
+                "(killed or crashed, or it ended without leaving the job)" + (f" ({exc})" if exc else "")
             )
         err.__cause__ = cause or exc
         self._peer_lost(proto.peer, err)
@@ -615,8 +638,12 @@ class TcpTransport(Transport):
         self._closing = True
         self._schedule_retry()
         protos = [p for p in self._peers.values() if p.transport is not None and not p.transport.is_closing()]
-        # If a lost peer is why we leave, say so: our peers' errors then name the root cause.
-        bye = encode_frame([KIND_BYE, 0, 0, 0, str(self.first_loss)[:2000] if self.first_loss else None])
+        # Say how we leave and, if a lost peer is why, say so: our peers' errors then name the
+        # root cause.
+        how = self.goodbye or Goodbye()
+        if self.first_loss is not None and not how.after_loss:
+            how = Goodbye(how.how, how.detail, str(self.first_loss)[:2000])
+        bye = encode_frame([KIND_BYE, 0, 0, 0, how.encode()])
         waits = [p.write_message(bye, memoryview(b"")) for p in protos]
         pending = [w for w in waits if isinstance(w, asyncio.Future) and not w.done()]
         if pending:
