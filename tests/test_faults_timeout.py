@@ -220,4 +220,4 @@ def _sync_monitored(rank: int, size: int) -> Any:
 def test_monitored_barrier_sync_face() -> None:
     res = spawn(_sync_monitored, 2, timeout=40)
     msg, took = res[0]
-    assert "rank 1 failed to pass monitored_barrier in 1000 ms" in msg and 0.95 < took < 3, res
+    assert "Rank 1 failed to pass monitoredBarrier in 1000 ms" in msg and 0.95 < took < 3, res
