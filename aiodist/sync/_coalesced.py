@@ -83,12 +83,18 @@ def all_reduce_coalesced(
         return None
     check_complex_op("all_reduce", op, tensor_list)
     return run_op(  # type: ignore[no-any-return]
-        "allreduce_coalesced", lambda ts: _start_all_reduce(ts, op, group), async_op, tensor_list
+        "all_reduce", lambda ts: _start_all_reduce(ts, op, group), async_op, tensor_list
     )
 
 
+def _real(arrays: list[Any]) -> list[Any]:
+    """Complex arrays as their real and imaginary parts, as torch does (``view_as_real``), so
+    that complex64 and float32 tensors travel in one buffer."""
+    return [a.view(a.real.dtype) if np.iscomplexobj(a) else a for a in arrays]
+
+
 def _start_all_reduce(tensors: list[Any], op: Any, group: Any) -> Work:
-    arrays = _tensors.as_arrays(tensors, arg="tensors", writable=True)
+    arrays = _real(_tensors.as_arrays(tensors, arg="tensors", writable=True))
     _same_dtype(arrays, "tensors")
     flat = np.concatenate(arrays)
     inner = _c.all_reduce(flat, op, group)
@@ -108,11 +114,12 @@ def all_gather_coalesced(
     if not_in_group(group, "all_gather_coalesced"):
         return None
     return run_op(  # type: ignore[no-any-return]
-        "allgather_coalesced",
+        "all_gather",
         lambda outs, ins: _start_all_gather(outs, ins, group),
         async_op,
         [list(o) for o in output_tensor_lists],
         inputs,
+        inputs=1,
     )
 
 
@@ -120,11 +127,11 @@ def _start_all_gather(outputs: list[list[Any]], inputs: list[Any], group: Any) -
     size = _world.resolve_group(group).size
     if len(outputs) != size:
         raise DistValueError(f"output_tensor_lists must have one list per group member ({size}), got {len(outputs)}")
-    ins = _tensors.as_arrays(inputs, arg="input_tensor_list", writable=False)
+    ins = _real(_tensors.as_arrays(inputs, arg="input_tensor_list", writable=False))
     _same_dtype(ins, "input_tensor_list")
     outs = []
     for r, row in enumerate(outputs):
-        arrs = _tensors.as_arrays(row, arg=f"output_tensor_lists[{r}]", writable=True)
+        arrs = _real(_tensors.as_arrays(row, arg=f"output_tensor_lists[{r}]", writable=True))
         if [a.size for a in arrs] != [a.size for a in ins] or any(a.dtype != ins[0].dtype for a in arrs):
             raise DistValueError(
                 f"output_tensor_lists[{r}] must hold tensors of the sizes and dtype of input_tensor_list "

@@ -49,7 +49,10 @@ def profiling() -> bool:
 def begin_record(name: str, tensors: Sequence[Any]) -> Any:
     """Open the profiler's record ``name`` (e.g. "gloo:send") with the torch tensors among ``tensors``."""
     torch = sys.modules["torch"]
-    inputs = [t for t in _flat(tensors) if isinstance(t, torch.Tensor)]
+    # As gloo records them: complex tensors as their real view (shape [..., 2]).
+    inputs = [
+        torch.view_as_real(t) if t.is_complex() else t for t in _flat(tensors) if isinstance(t, torch.Tensor)
+    ]
     fast = getattr(getattr(torch._C, "_profiler", None), "_RecordFunctionFast", None)
     record = fast(name, inputs) if fast is not None else torch.autograd.profiler.record_function(name)
     record.__enter__()
@@ -71,25 +74,31 @@ def _flat(tensors: Sequence[Any]) -> list[Any]:
     return out
 
 
-def run_op(name: str, start: Callable[..., Work], async_op: bool, *tensors: Any) -> Any:
+def run_op(
+    name: str, start: Callable[..., Work], async_op: bool, *tensors: Any, inputs: int | None = None
+) -> Any:
     """``start(*tensors)`` on the loop; block for it unless ``async_op`` (then return its Work).
 
     Args:
-        name: torch's name of the operation ("all_reduce"), for the profiler.
+        name: the name gloo's profiler record has ("all_reduce" for "gloo:all_reduce").
         start: starts the operation on the given tensors (tensor lists allowed) and returns its Work.
+        inputs: the position among ``tensors`` of the operation's input, which the profiler's
+            record shows as gloo's does (None: every tensor).
     """
     if profiling():
-        return _run_slow(name, start, async_op, tensors, record=True)
+        shown = tensors if inputs is None else tensors[inputs : inputs + 1]
+        return _run_slow(name, start, async_op, tensors, record=shown)
     try:
         return call(lambda: start(*tensors), async_op)
     except NotContiguousError:
         pass  # refused before it started: run it on contiguous copies
-    return _run_slow(name, start, async_op, tensors, record=False)
+    return _run_slow(name, start, async_op, tensors, record=None)
 
 
 def _run_slow(
-    name: str, start: Callable[..., Work], async_op: bool, tensors: tuple[Any, ...], *, record: bool
+    name: str, start: Callable[..., Work], async_op: bool, tensors: tuple[Any, ...], *, record: Any
 ) -> Any:
+    """``record``: the tensors to show in a profiler record (None: no record)."""
     copies: list[tuple[Any, Any]] = []  # (the caller's tensor, its contiguous copy)
 
     def contiguous(obj: Any) -> Any:
@@ -102,7 +111,7 @@ def _run_slow(
         return copy
 
     args = [contiguous(t) for t in tensors]
-    rec = begin_record(f"{_backend()}:{name}", tensors) if record else None
+    rec = begin_record(f"{_backend()}:{name}", record) if record is not None else None
 
     def begin() -> Work:
         try:

@@ -80,7 +80,9 @@ def run_variant(
             # on either runtime; aiodist unpickles only from authenticated peers, so the ranks share
             # a secret, as a user's would (plain data, arrays and tensors travel without it).
             **({"AIODIST_SECRET": secrets.token_hex(16)} if variant == "aiodist" else {}),
-            TEMP_DIR=tempfile.mkdtemp(prefix="torch-suite-"),
+            TEMP_DIR=(temp := tempfile.mkdtemp(prefix="torch-suite-")),
+            # file:// as upstream's gloo runs (each test then gets a fresh file of its own).
+            INIT_METHOD=f"file://{temp}/init",
             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         )
         cmd = [sys.executable, str(HERE / "driver.py"), str(out), *chunk]

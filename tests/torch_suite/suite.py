@@ -53,7 +53,10 @@ class TestDistBackendWithSpawn(dt.TestDistBackend, dt.DistributedTest._DistTestB
     """upstream's class of the same name: one process per rank for every test."""
 
     def setUp(self) -> None:
-        super().setUp()
+        super().setUp()  # a fresh TEMP_DIR and INIT_METHOD (a file:// rendezvous) for this test
+        # Spawned ranks re-import torch's module and read INIT_METHOD anew; forked ones inherit
+        # the module as imported here, so hand them this test's value as spawn would.
+        dt.INIT_METHOD = os.environ["INIT_METHOD"]
         if START_METHOD == "fork":
             MultiProcessTestCase._start_processes(self, torch.multiprocessing.get_context("fork").Process)
         else:
