@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["world_sizes"][str(ws)] = {
             "selected": len(names),
             "gloo": {n: r["status"] for n, r in gloo.items()},
+            "aiodist": {n: r["status"] for n, r in ours.items()},
             "passed_on_gloo": len(reference) if gloo else None,
             "passed_on_aiodist": len(passed) if ours else None,
             "aiodist_failures": failing,
