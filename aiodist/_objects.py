@@ -73,7 +73,10 @@ def _default(obj: Any) -> Any:
     if _is_plain_tensor(obj):
         data = obj.detach().resolve_conj().resolve_neg().contiguous()
         raw = _tensors.as_array(data, arg="tensor", writable=False).tobytes()
-        return msgpack.ExtType(_TENSOR, _pack([dtype_name(_tensors.numpy_dtype_for(obj.dtype)), list(obj.shape), raw, obj.requires_grad]))
+        return msgpack.ExtType(
+            _TENSOR,
+            _pack([dtype_name(_tensors.numpy_dtype_for(obj.dtype)), list(obj.shape), raw, obj.requires_grad]),
+        )
     raise TypeError(f"not plain data: {kind.__qualname__}")
 
 
@@ -115,7 +118,9 @@ def _ext_hook(code: int, data: bytes) -> Any:
         try:
             importlib.import_module("torch")
         except ImportError:
-            raise DistError("an object payload holds a torch tensor, but torch is not installed here") from None
+            raise DistError(
+                "an object payload holds a torch tensor, but torch is not installed here"
+            ) from None
         tensor = _tensors.to_torch(_array_from(name, shape, raw))
         return tensor.requires_grad_(True) if requires_grad else tensor
     raise DistError(f"unknown msgpack extension {code} in an object payload")

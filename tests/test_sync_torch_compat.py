@@ -227,7 +227,9 @@ def test_all_reduce_coalesced_and_all_gather_coalesced(job: list[dict[str, Any]]
         assert got["reduced"][0] == [6.0, 6.0]  # 1 + 2 + 3
         assert got["reduced"][1] == [[complex(3, 3)] * 3] * 3  # (0+1+2) + 3i
         assert got["reduced"][2] == []
-        assert got["gathered"] == [[[float(r)], [[r + 0.0, r + 1.0], [r + 2.0, r + 3.0]]] for r in range(3)], rank
+        assert got["gathered"] == [
+            [[float(r)], [[r + 0.0, r + 1.0], [r + 2.0, r + 3.0]]] for r in range(3)
+        ], rank
 
 
 def test_sparse_all_reduce_sums_and_coalesces(job: list[dict[str, Any]]) -> None:
@@ -244,14 +246,18 @@ def test_unsupported_ops_raise_value_errors_as_torch(job: list[dict[str, Any]]) 
     for op in ("MAX", "PRODUCT", "BXOR"):
         assert caught[op][1] == f"all_reduce does not support ReduceOp.{op} on complex tensors"
     assert caught["BAND_float"][0] == "UnsupportedReduceError"
-    assert "Expected argument scatter_object_output_list to be a list of size at least 1" in caught[
-        "scatter_object_list"
-    ][1]
+    assert (
+        "Expected argument scatter_object_output_list to be a list of size at least 1"
+        in caught["scatter_object_list"][1]
+    )
     assert issubclass(UnsupportedReduceError, ValueError) and issubclass(UnsupportedReduceError, TypeError)
 
 
 def test_profiler_records_operations_as_gloo_names_them(job: list[dict[str, Any]]) -> None:
-    names = {0: {"gloo:all_reduce", "gloo:send", "gloo:all_gather"}, 1: {"gloo:all_reduce", "gloo:recv", "gloo:all_gather"}}
+    names = {
+        0: {"gloo:all_reduce", "gloo:send", "gloo:all_gather"},
+        1: {"gloo:all_reduce", "gloo:recv", "gloo:all_gather"},
+    }
     for rank in (0, 1):
         events = job[rank]["profiler"]
         assert not isinstance(events, str), events

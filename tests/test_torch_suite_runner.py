@@ -23,7 +23,16 @@ RUNNER = Path(__file__).resolve().parent / "torch_suite" / "run.py"
 @pytest.mark.timeout(120)
 def test_runner_counts_and_reasons(tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
-    args = ["--world-sizes", "2", "-k", "test_all_reduce_sum_async", "-k", "test_get_future", "--json", str(out)]
+    args = [
+        "--world-sizes",
+        "2",
+        "-k",
+        "test_all_reduce_sum_async",
+        "-k",
+        "test_get_future",
+        "--json",
+        str(out),
+    ]
     proc = subprocess.run(
         [sys.executable, str(RUNNER), *args], capture_output=True, text=True, timeout=110, check=True
     )

@@ -110,7 +110,9 @@ def all_gather_coalesced(
     if not isinstance(output_tensor_lists, list | tuple) or not all(
         isinstance(o, list | tuple) for o in output_tensor_lists
     ):
-        raise DistTypeError("output_tensor_lists must be a list of lists of tensors, one list per group member")
+        raise DistTypeError(
+            "output_tensor_lists must be a list of lists of tensors, one list per group member"
+        )
     if not_in_group(group, "all_gather_coalesced"):
         return None
     return run_op(  # type: ignore[no-any-return]
@@ -126,7 +128,9 @@ def all_gather_coalesced(
 def _start_all_gather(outputs: list[list[Any]], inputs: list[Any], group: Any) -> Work:
     size = _world.resolve_group(group).size
     if len(outputs) != size:
-        raise DistValueError(f"output_tensor_lists must have one list per group member ({size}), got {len(outputs)}")
+        raise DistValueError(
+            f"output_tensor_lists must have one list per group member ({size}), got {len(outputs)}"
+        )
     ins = _real(_tensors.as_arrays(inputs, arg="input_tensor_list", writable=False))
     _same_dtype(ins, "input_tensor_list")
     outs = []

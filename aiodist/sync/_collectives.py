@@ -105,7 +105,9 @@ def reduce(
 def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
     if not_in_group(group, "all_gather"):
         return None
-    return run_op("all_gather", lambda o, i: _c.all_gather(o, i, group), async_op, tensor_list, tensor, inputs=1)  # type: ignore[no-any-return]
+    return run_op(  # type: ignore[no-any-return]
+        "all_gather", lambda o, i: _c.all_gather(o, i, group), async_op, tensor_list, tensor, inputs=1
+    )
 
 
 def all_gather_into_tensor(
@@ -114,7 +116,12 @@ def all_gather_into_tensor(
     if not_in_group(group, "all_gather_into_tensor"):
         return None
     return run_op(  # type: ignore[no-any-return]
-        "_allgather_base", lambda o, i: _c.all_gather_into_tensor(o, i, group), async_op, output_tensor, input_tensor, inputs=1
+        "_allgather_base",
+        lambda o, i: _c.all_gather_into_tensor(o, i, group),
+        async_op,
+        output_tensor,
+        input_tensor,
+        inputs=1,
     )
 
 
@@ -133,7 +140,9 @@ def gather(
     if not_in_group(group, "gather"):
         return None
     root = _root(dst, group_dst, group, "dst", default=0)
-    return run_op("gather", lambda t, o: _c.gather(t, o, root, group), async_op, tensor, gather_list, inputs=0)  # type: ignore[no-any-return]
+    return run_op(  # type: ignore[no-any-return]
+        "gather", lambda t, o: _c.gather(t, o, root, group), async_op, tensor, gather_list, inputs=0
+    )
 
 
 def scatter(
@@ -147,7 +156,9 @@ def scatter(
     if not_in_group(group, "scatter"):
         return None
     root = _root(src, group_src, group, "src", default=0)
-    return run_op("scatter", lambda t, i: _c.scatter(t, i, root, group), async_op, tensor, scatter_list, inputs=1)  # type: ignore[no-any-return]
+    return run_op(  # type: ignore[no-any-return]
+        "scatter", lambda t, i: _c.scatter(t, i, root, group), async_op, tensor, scatter_list, inputs=1
+    )
 
 
 def reduce_scatter(
@@ -156,7 +167,12 @@ def reduce_scatter(
     if not_in_group(group, "reduce_scatter"):
         return None
     return run_op(  # type: ignore[no-any-return]
-        "reduce_scatter", lambda o, i: _c.reduce_scatter(o, i, op, group), async_op, output, input_list, inputs=1
+        "reduce_scatter",
+        lambda o, i: _c.reduce_scatter(o, i, op, group),
+        async_op,
+        output,
+        input_list,
+        inputs=1,
     )
 
 
@@ -166,7 +182,12 @@ def reduce_scatter_tensor(
     if not_in_group(group, "reduce_scatter_tensor"):
         return None
     return run_op(  # type: ignore[no-any-return]
-        "_reduce_scatter_base", lambda o, i: _c.reduce_scatter_tensor(o, i, op, group), async_op, output, input, inputs=1
+        "_reduce_scatter_base",
+        lambda o, i: _c.reduce_scatter_tensor(o, i, op, group),
+        async_op,
+        output,
+        input,
+        inputs=1,
     )
 
 
@@ -180,7 +201,12 @@ def all_to_all(
     if not_in_group(group, "all_to_all"):
         return None
     return run_op(  # type: ignore[no-any-return]
-        "all_to_all", lambda o, i: _c.all_to_all(o, i, group), async_op, output_tensor_list, input_tensor_list, inputs=1
+        "all_to_all",
+        lambda o, i: _c.all_to_all(o, i, group),
+        async_op,
+        output_tensor_list,
+        input_tensor_list,
+        inputs=1,
     )
 
 

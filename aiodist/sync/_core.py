@@ -21,9 +21,9 @@ import numpy as np
 import aiodist._engine as _engine
 import aiodist._p2p as _p2p
 import aiodist._world as _world
+from aiodist._tensors import NotContiguousError
 from aiodist.errors import DistError, DistTypeError, DistValueError
 from aiodist.group import ProcessGroup
-from aiodist._tensors import NotContiguousError
 from aiodist.sync._bridge import call, on_loop, run, start_p2p
 from aiodist.sync._launch import profiling, run_op
 from aiodist.work import Work

@@ -65,7 +65,9 @@ def set_debug_level(level: DebugLevel | int | str) -> None:
         try:
             chosen = DebugLevel(int(level))
         except (ValueError, TypeError):
-            raise DistValueError(f"not a debug level: {level!r} (use DebugLevel.OFF, INFO or DETAIL)") from None
+            raise DistValueError(
+                f"not a debug level: {level!r} (use DebugLevel.OFF, INFO or DETAIL)"
+            ) from None
     os.environ[_VARIABLE] = chosen.name
 
 

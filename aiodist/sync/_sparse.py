@@ -53,7 +53,9 @@ def sparse_all_reduce(tensor: Any, op: Any, group: Any, async_op: bool) -> Work 
     values = local.values()
     shape = list(tensor.shape)
     if len(shape) > _MAX_DIMS:
-        raise DistValueError(f"all_reduce of a sparse tensor: at most {_MAX_DIMS} dimensions, got {len(shape)}")
+        raise DistValueError(
+            f"all_reduce of a sparse tensor: at most {_MAX_DIMS} dimensions, got {len(shape)}"
+        )
     head = np.full(3 + _MAX_DIMS, -1, dtype=np.int64)
     head[:3] = (indices.shape[1], tensor.sparse_dim(), len(shape))
     head[3 : 3 + len(shape)] = shape

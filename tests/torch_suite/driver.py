@@ -19,7 +19,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import suite  # noqa: E402
+import suite
 
 
 def one_line(text: str) -> str:
@@ -32,7 +32,9 @@ def one_line(text: str) -> str:
             return ln[:300]
     # MultiProcessTestCase reports "Process N exited with error code 10 and exception:" followed
     # by the rank's traceback, whose last exception line is the cause.
-    exceptions = [ln for ln in lines if EXCEPTION_LINE.match(ln) and not ln.startswith("RuntimeError: Process ")]
+    exceptions = [
+        ln for ln in lines if EXCEPTION_LINE.match(ln) and not ln.startswith("RuntimeError: Process ")
+    ]
     return (exceptions[-1] if exceptions else lines[-1])[:300]
 
 

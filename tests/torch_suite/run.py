@@ -131,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="torch-suite-logs-"))
     print(f"torch suite: {len(names)} communication tests selected; logs in {log_dir}", flush=True)
     t_start = time.monotonic()
-    summary: dict[str, Any] = {"start_method": args.start_method, "timeout_s": args.timeout, "world_sizes": {}}
+    summary: dict[str, Any] = {
+        "start_method": args.start_method,
+        "timeout_s": args.timeout,
+        "world_sizes": {},
+    }
     for ws in args.world_sizes:
         t0 = time.monotonic()
         gloo = {} if args.only == "aiodist" else run_variant("gloo", ws, names, args, log_dir)
@@ -142,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         secs = round(time.monotonic() - t0, 1)
         print(f"\nworld size {ws} ({secs} s):")
         if gloo:
-            print(f"  passed on gloo:    {len(reference)} of {len(names)}"
-                  f" ({sum(r['status'] == 'skipped' for r in gloo.values())} skipped)")
+            print(
+                f"  passed on gloo:    {len(reference)} of {len(names)}"
+                f" ({sum(r['status'] == 'skipped' for r in gloo.values())} skipped)"
+            )
         if ours:
             print(f"  passed on aiodist: {len(passed)} of {len(reference)}")
         for n, why in failing.items():

@@ -19,10 +19,10 @@ os.environ.setdefault("BACKEND", "gloo")
 os.environ.setdefault("WORLD_SIZE", "2")
 os.environ.setdefault("TEMP_DIR", tempfile.gettempdir())
 
-import torch  # noqa: E402
-import torch.testing._internal.distributed.distributed_test as dt  # noqa: E402
-import torch.testing._internal.common_distributed as common_distributed  # noqa: E402
-from torch.testing._internal.common_distributed import MultiProcessTestCase  # noqa: E402
+import torch
+import torch.testing._internal.common_distributed as common_distributed
+import torch.testing._internal.distributed.distributed_test as dt
+from torch.testing._internal.common_distributed import MultiProcessTestCase
 
 VARIANT = os.environ.get("AIODIST_TORCH_SUITE", "gloo")
 START_METHOD = os.environ.get("AIODIST_TORCH_SUITE_START", "spawn")
