@@ -88,11 +88,11 @@ def _is_plain_tensor(obj: Any) -> bool:
         and type(obj) is torch.Tensor
         and obj.layout is torch.strided
         and obj.device.type == "cpu"
-        and dtype_name_or_none(obj) is not None
+        and _dtype_name_or_none(obj) is not None
     )
 
 
-def dtype_name_or_none(tensor: Any) -> str | None:
+def _dtype_name_or_none(tensor: Any) -> str | None:
     try:
         return dtype_name(_tensors.numpy_dtype_for(tensor.dtype))
     except (DistTypeError, DistValueError):
