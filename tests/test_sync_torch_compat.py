@@ -303,3 +303,10 @@ def test_new_group_sort_ranks_and_local_synchronization(job: list[dict[str, Any]
         assert got["after_sum"] == 3.0
         if rank in (0, 1):
             assert got["local_sum"] == 2.0
+
+
+def test_importing_aiodist_does_not_import_torch() -> None:
+    # Why aiodist's errors do not derive from torch.distributed's classes (see aiodist.errors).
+    code = "import sys, aiodist, aiodist.sync, aiodist.errors; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
