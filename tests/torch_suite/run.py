@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"  passed on gloo:    {len(reference)} of {len(names)}"
                 f" ({sum(r['status'] == 'skipped' for r in gloo.values())} skipped)"
             )
+            for n, r in gloo.items():
+                if r["status"] == "failed":
+                    print(f"    (not counted: fails on gloo) {n}: {r['reason']}")
         if ours:
             print(f"  passed on aiodist: {len(passed)} of {len(reference)}")
         for n, why in failing.items():
