@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import warnings
 from typing import Any
 
@@ -175,6 +176,11 @@ def _job(rank: int, size: int) -> dict[str, Any]:
     _check(out, "non_contiguous", lambda: _non_contiguous(rank, size))
     _check(out, "new_group", lambda: _new_group_args(rank, size))
     dist.barrier()
+    # Last: rank 1 stays away from this one, so the others' numbering of operations moves on.
+    if rank == 1:
+        time.sleep(5.0)  # alive (not lost) until well after the others' verdict
+    else:
+        _check(out, "monitored_wording", lambda: dist.monitored_barrier(timeout=1.0))
     dist.destroy_process_group()
     return out
 
@@ -272,6 +278,16 @@ def test_non_member_monitored_barrier_is_skipped(job: list[dict[str, Any]]) -> N
     assert not isinstance(got, str), got
     assert got["result"] is None
     assert any("does not belong to the given group" in w for w in got["warned"]), got
+
+
+def test_monitored_barrier_words_errors_as_torch(job: list[dict[str, Any]]) -> None:
+    assert job[0]["monitored_wording"].startswith(
+        "FAILED DistTimeoutError: Rank 1 failed to pass monitoredBarrier"
+    )
+    assert job[2]["monitored_wording"].startswith(
+        "FAILED DistTimeoutError: Rank 2 successfully reached monitoredBarrier, but received errors while "
+        "waiting for send/recv from rank 0"
+    ), job[2]["monitored_wording"]
 
 
 def test_objects_with_tensors_and_arrays_need_no_pickle(job: list[dict[str, Any]]) -> None:

@@ -24,7 +24,7 @@ import aiodist._world as _world
 from aiodist._tensors import NotContiguousError
 from aiodist.errors import DistError, DistTypeError, DistValueError
 from aiodist.group import ProcessGroup
-from aiodist.sync._bridge import call, on_loop, run, start_p2p
+from aiodist.sync._bridge import on_loop, run, start_p2p
 from aiodist.sync._launch import profiling, run_op
 from aiodist.work import Work
 
@@ -598,4 +598,4 @@ def barrier(
     if not_in_group(group, "barrier"):
         return None
     seconds = _seconds(timeout)
-    return call(lambda: _p2p.barrier(group, timeout=seconds), async_op)  # type: ignore[no-any-return]
+    return run_op("barrier", lambda: _p2p.barrier(group, timeout=seconds), async_op)  # type: ignore[no-any-return]
