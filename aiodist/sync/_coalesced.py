@@ -18,34 +18,13 @@ import numpy as np
 import aiodist._collectives as _c
 import aiodist._world as _world
 from aiodist import _tensors
-from aiodist.errors import DistTypeError, DistValueError, UnsupportedReduceError
-from aiodist.ops import ReduceOp, as_reduce_op, dtype_name
-from aiodist.sync._core import not_in_group
+from aiodist.errors import DistTypeError, DistValueError
+from aiodist.ops import ReduceOp, dtype_name
+from aiodist.sync._core import check_complex_op, not_in_group
 from aiodist.sync._launch import run_op
 from aiodist.work import Work
 
-__all__ = ["all_gather_coalesced", "all_reduce_coalesced", "check_complex_op"]
-
-# torch refuses these on complex tensors (its ``supports_complex``): no order, no bits, and
-# gloo has no complex product.
-_NOT_FOR_COMPLEX = frozenset(
-    {ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR}
-)
-
-
-def check_complex_op(what: str, op: Any, tensors: Sequence[Any]) -> None:
-    """Refuse, as torch does, a reduce op it does not support on complex tensors.
-
-    Raises:
-        UnsupportedReduceError: (a ``ValueError``, as torch's) "all_reduce does not support ...".
-    """
-    rop = as_reduce_op(op)
-    if rop not in _NOT_FOR_COMPLEX:
-        return
-    for t in tensors:
-        is_complex = getattr(t, "is_complex", None)
-        if (is_complex() if callable(is_complex) else np.iscomplexobj(t)) is True:
-            raise UnsupportedReduceError(f"{what} does not support ReduceOp.{rop.name} on complex tensors")
+__all__ = ["all_gather_coalesced", "all_reduce_coalesced"]
 
 
 def _deprecated(name: str, instead: str) -> None:

@@ -14,8 +14,7 @@ import aiodist._world as _world
 from aiodist.errors import DistTypeError, DistValueError
 from aiodist.ops import ReduceOp
 from aiodist.sync._bridge import call
-from aiodist.sync._coalesced import check_complex_op
-from aiodist.sync._core import not_in_group
+from aiodist.sync._core import check_complex_op, not_in_group
 from aiodist.sync._launch import run_op
 from aiodist.sync._sparse import is_sparse, sparse_all_reduce
 from aiodist.work import Work

@@ -22,8 +22,9 @@ import aiodist._engine as _engine
 import aiodist._p2p as _p2p
 import aiodist._world as _world
 from aiodist._tensors import NotContiguousError
-from aiodist.errors import DistError, DistTypeError, DistValueError
+from aiodist.errors import DistError, DistTypeError, DistValueError, UnsupportedReduceError
 from aiodist.group import ProcessGroup
+from aiodist.ops import ReduceOp, as_reduce_op
 from aiodist.sync._bridge import on_loop, run, start_p2p
 from aiodist.sync._launch import profiling, run_op
 from aiodist.work import Work
@@ -35,6 +36,7 @@ __all__ = [
     "P2POp",
     "barrier",
     "batch_isend_irecv",
+    "check_complex_op",
     "default_pg_timeout",
     "destroy_process_group",
     "get_backend",
@@ -237,10 +239,30 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
     )
 
 
+# torch refuses these on complex tensors (its ``supports_complex``): no order, no bits, and
+# gloo has no complex product.
+_NOT_FOR_COMPLEX = frozenset(
+    {ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR}
+)
+
+
+def check_complex_op(what: str, op: Any, tensors: Sequence[Any]) -> None:
+    """Refuse, as torch does, a reduce op it does not support on complex tensors.
+
+    Raises:
+        UnsupportedReduceError: (a ``ValueError``, as torch's) "all_reduce does not support ...".
+    """
+    rop = as_reduce_op(op)
+    if rop not in _NOT_FOR_COMPLEX:
+        return
+    for t in tensors:
+        is_complex = getattr(t, "is_complex", None)
+        if (is_complex() if callable(is_complex) else np.iscomplexobj(t)) is True:
+            raise UnsupportedReduceError(f"{what} does not support ReduceOp.{rop.name} on complex tensors")
+
+
 def supports_complex(reduceOp: Any) -> bool:
     """True if ``reduceOp`` may reduce complex tensors here, as in torch (not MIN/MAX/PRODUCT, nor bitwise)."""
-    from aiodist.sync._coalesced import check_complex_op
-
     try:
         check_complex_op("all_reduce", reduceOp, [np.zeros(1, np.complex64)])
     except DistTypeError:
