@@ -15,7 +15,7 @@ from aiodist.errors import DistTypeError, DistValueError
 from aiodist.ops import ReduceOp
 from aiodist.sync._bridge import call
 from aiodist.sync._core import check_complex_op, not_in_group
-from aiodist.sync._launch import run_op
+from aiodist.sync._launch import run_op, run_out_in
 from aiodist.sync._sparse import is_sparse, sparse_all_reduce
 from aiodist.work import Work
 
@@ -104,9 +104,7 @@ def reduce(
 def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
     if not_in_group(group, "all_gather"):
         return None
-    return run_op(  # type: ignore[no-any-return]
-        "all_gather", lambda o, i: _c.all_gather(o, i, group), async_op, tensor_list, tensor, inputs=1
-    )
+    return run_out_in("all_gather", lambda o, i: _c.all_gather(o, i, group), async_op, tensor_list, tensor)
 
 
 def all_gather_into_tensor(
@@ -114,13 +112,12 @@ def all_gather_into_tensor(
 ) -> Work | None:
     if not_in_group(group, "all_gather_into_tensor"):
         return None
-    return run_op(  # type: ignore[no-any-return]
+    return run_out_in(
         "_allgather_base",
         lambda o, i: _c.all_gather_into_tensor(o, i, group),
         async_op,
         output_tensor,
         input_tensor,
-        inputs=1,
     )
 
 
@@ -155,9 +152,7 @@ def scatter(
     if not_in_group(group, "scatter"):
         return None
     root = _root(src, group_src, group, "src", default=0)
-    return run_op(  # type: ignore[no-any-return]
-        "scatter", lambda t, i: _c.scatter(t, i, root, group), async_op, tensor, scatter_list, inputs=1
-    )
+    return run_out_in("scatter", lambda t, i: _c.scatter(t, i, root, group), async_op, tensor, scatter_list)
 
 
 def reduce_scatter(
@@ -165,13 +160,8 @@ def reduce_scatter(
 ) -> Work | None:
     if not_in_group(group, "reduce_scatter"):
         return None
-    return run_op(  # type: ignore[no-any-return]
-        "reduce_scatter",
-        lambda o, i: _c.reduce_scatter(o, i, op, group),
-        async_op,
-        output,
-        input_list,
-        inputs=1,
+    return run_out_in(
+        "reduce_scatter", lambda o, i: _c.reduce_scatter(o, i, op, group), async_op, output, input_list
     )
 
 
@@ -180,13 +170,12 @@ def reduce_scatter_tensor(
 ) -> Work | None:
     if not_in_group(group, "reduce_scatter_tensor"):
         return None
-    return run_op(  # type: ignore[no-any-return]
+    return run_out_in(
         "_reduce_scatter_base",
         lambda o, i: _c.reduce_scatter_tensor(o, i, op, group),
         async_op,
         output,
         input,
-        inputs=1,
     )
 
 
@@ -199,13 +188,8 @@ def all_to_all(
 ) -> Work | None:
     if not_in_group(group, "all_to_all"):
         return None
-    return run_op(  # type: ignore[no-any-return]
-        "all_to_all",
-        lambda o, i: _c.all_to_all(o, i, group),
-        async_op,
-        output_tensor_list,
-        input_tensor_list,
-        inputs=1,
+    return run_out_in(
+        "all_to_all", lambda o, i: _c.all_to_all(o, i, group), async_op, output_tensor_list, input_tensor_list
     )
 
 
@@ -219,13 +203,12 @@ def all_to_all_single(
 ) -> Work | None:
     if not_in_group(group, "all_to_all_single"):
         return None
-    return run_op(  # type: ignore[no-any-return]
+    return run_out_in(
         "alltoall_base",
         lambda o, i: _c.all_to_all_single(o, i, output_split_sizes, input_split_sizes, group),
         async_op,
         output,
         input,
-        inputs=1,
     )
 
 

@@ -27,7 +27,7 @@ from aiodist._tensors import NotContiguousError
 from aiodist.sync._bridge import call
 from aiodist.work import Work
 
-__all__ = ["begin_record", "end_record", "profiling", "run_op"]
+__all__ = ["begin_record", "end_record", "profiling", "run_op", "run_out_in"]
 
 
 # The records opened while a profiler runs. torch reads a record's end thread (what makes it
@@ -93,6 +93,13 @@ def run_op(
     except NotContiguousError:
         pass  # refused before it started: run it on contiguous copies
     return _run_slow(name, start, async_op, tensors, record=None)
+
+
+def run_out_in(
+    name: str, start: Callable[[Any, Any], Work], async_op: bool, output: Any, input: Any
+) -> Work | None:
+    """``run_op`` for an operation ``start(output, input)``, whose record shows the input (as gloo's)."""
+    return run_op(name, start, async_op, output, input, inputs=1)  # type: ignore[no-any-return]
 
 
 def _run_slow(
