@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 BENCH_OUT := build/bench
 
-.PHONY: install demo test test-fast test-gpu bench lint typecheck clean
+.PHONY: install demo test test-fast test-gpu test-torch-suite bench lint typecheck clean
 
 install: $(STAMP)
 
@@ -35,6 +35,12 @@ test-fast: install
 test-gpu: install
 	@$(PY) -c "import torch; n = torch.cuda.device_count() if torch.cuda.is_available() else 0; print(f'test-gpu: {n} CUDA device(s) (torch {torch.__version__})' if n else f'test-gpu: no CUDA device (torch {torch.__version__}): the GPU tests will be skipped')"
 	$(PY) -m pytest -q -rs tests/test_cuda.py tests/test_staging.py tests/test_engine.py
+
+# PyTorch's own distributed test suite (shipped in the torch wheel) on real gloo, then on aiodist.sync,
+# world sizes 2 and 3; its test harness needs expecttest. Pass options with ARGS, e.g. ARGS="-k test_all_reduce*".
+test-torch-suite: install
+	$(PY) -m pip install -q $(PIP_FLAGS) expecttest
+	$(PY) tests/torch_suite/run.py -j 2 $(ARGS)
 
 # The bench extra (matplotlib, for the plot) on top of what `install` put in.
 $(BENCH_STAMP): $(STAMP)

@@ -513,7 +513,7 @@ class TorchEngine:
         if not fut.done():
             fut.set_exception(
                 DistTimeoutError(
-                    f"{name} on rank {self.group.global_rank} ({self.group.name}) timed out after {t:g} s "
+                    f"{name} on rank {self.group.global_rank} ({self.group.name}) reached its timeout of {t:g} s "
                     f"in torch's {self.kind} engine"
                 )
             )

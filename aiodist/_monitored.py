@@ -43,7 +43,7 @@ def _ranks_text(ranks: list[int]) -> str:
     return ("ranks " if len(ranks) > 1 else "rank ") + ", ".join(map(str, ranks))
 
 
-async def _member(ctx: OpContext) -> None:
+async def _member(ctx: OpContext, torch_wording: bool) -> None:
     answer = bytearray(_ACK_BYTES)
     verdict = ctx.recv(0, memoryview(answer))
     if not verdict.done():  # else: rank 0 gave up on us before we arrived (and may be gone)
@@ -52,10 +52,24 @@ async def _member(ctx: OpContext) -> None:
     if answer[0] != _OK:
         text = bytes(answer[1:]).rstrip(b"\0").decode(errors="replace")
         cls = DistTimeoutError if answer[0] == _TIMED_OUT else DistNetworkError
+        if torch_wording:
+            raise cls(
+                f"Rank {ctx.ranks[ctx.rank]} successfully reached monitoredBarrier, but received errors "
+                f"while waiting for send/recv from rank {ctx.ranks[0]}: {text}"
+            )
         raise cls(f"monitored_barrier failed (reported by rank {ctx.ranks[0]}): {text}")
 
 
-async def _monitor(ctx: OpContext, timeout: float, wait_all_ranks: bool) -> None:
+def _failed_text(ranks: list[int], ms: int, torch_wording: bool) -> str:
+    """aiodist's "ranks 1, 2 failed to pass monitored_barrier in 3000 ms", or torch's
+    "Ranks 1, 2 failed to pass monitoredBarrier in 3000 ms" (what torch programs match)."""
+    if torch_wording:
+        listed = ("Ranks " if len(ranks) > 1 else "Rank ") + ", ".join(map(str, ranks))
+        return f"{listed} failed to pass monitoredBarrier in {ms} ms"
+    return f"{_ranks_text(ranks)} failed to pass monitored_barrier in {ms} ms"
+
+
+async def _monitor(ctx: OpContext, timeout: float, wait_all_ranks: bool, torch_wording: bool) -> None:
     loop = ctx.loop
     deadline = loop.time() + timeout
     waits: dict[asyncio.Future[int], int] = {
@@ -89,7 +103,7 @@ async def _monitor(ctx: OpContext, timeout: float, wait_all_ranks: bool) -> None
         await asyncio.gather(*(_answer(ctx, p, _OK, "") for p in arrived))
         return
     ms = round(timeout * 1000)
-    text = f"{_ranks_text([ctx.ranks[p] for p in failed])} failed to pass monitored_barrier in {ms} ms"
+    text = _failed_text([ctx.ranks[p] for p in failed], ms, torch_wording)
     if lost:
         text += " (" + "; ".join(f"rank {ctx.ranks[p]}: {exc}" for p, exc in sorted(lost.items())) + ")"
     # Every live member gets the verdict (one that has not arrived yet finds it when it does).
@@ -109,7 +123,9 @@ async def _answer(ctx: OpContext, peer: int, status: int, text: str) -> None:
     await ctx.send(peer, memoryview(buf))
 
 
-def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> Work:
+def monitored_barrier(
+    group: Any = None, timeout: Any = None, wait_all_ranks: bool = False, *, torch_wording: bool = False
+) -> Work:
     """A barrier whose group rank 0 names the members that did not arrive within ``timeout``.
 
     Args:
@@ -117,6 +133,9 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
         timeout: seconds or ``timedelta`` (None: the group's timeout).
         wait_all_ranks: rank 0 waits for every member until the deadline and names all that
             are missing; otherwise it fails at the first one (a lost member at once).
+        torch_wording: word the errors as torch does ("Rank 1 failed to pass monitoredBarrier
+            in 3000 ms"; the others "Rank 2 successfully reached monitoredBarrier, but received
+            errors while waiting for send/recv from rank 0: ..."), for the blocking face.
     Returns:
         A Work completing once every member has passed.
     Raises:
@@ -132,13 +151,20 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
     if ctx.size == 1:
         return Work.completed(g.loop, "monitored_barrier")
     if ctx.rank == 0:
-        coro = _monitor(ctx, t, wait_all_ranks)
+        coro = _monitor(ctx, t, wait_all_ranks, torch_wording)
         return g.collective(ctx, coro, timeout=t + 2 * _ANSWER_SLACK, survives_loss=True)
-    return g.collective(ctx, _member(ctx), timeout=t + _ANSWER_SLACK, survives_loss=True)
+    return g.collective(ctx, _member(ctx, torch_wording), timeout=t + _ANSWER_SLACK, survives_loss=True)
 
 
 def sync_monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-    """The blocking face's ``monitored_barrier`` (torch.distributed's signature)."""
-    from aiodist.sync._bridge import call
+    """The blocking face's ``monitored_barrier``: torch.distributed's signature and wording.
 
-    call(lambda: monitored_barrier(group, timeout, wait_all_ranks), False)
+    On a rank outside ``group`` (``new_group`` gave it ``GroupMember.NON_GROUP_MEMBER``) it is
+    skipped with torch's warning, as every operation of that face.
+    """
+    from aiodist.sync._bridge import call
+    from aiodist.sync._core import not_in_group
+
+    if not_in_group(group, "monitored_barrier"):
+        return
+    call(lambda: monitored_barrier(group, timeout, wait_all_ranks, torch_wording=True), False)

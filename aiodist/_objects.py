@@ -1,7 +1,8 @@
 """Object collectives and object point-to-point of the async face.
 
-Each object is serialised on its own: plain data (None, bool, int, float, str, bytes and
-lists, tuples and dicts of them) as msgpack, anything else with pickle. The first byte of a
+Each object is serialised on its own: plain data (None, bool, int, float, str, bytes, numpy
+arrays and dense CPU torch tensors, and lists, tuples and dicts of them) as msgpack (arrays,
+tensors and tuples as extension types), anything else with pickle. The first byte of a
 payload says which. Sizes travel first (one int64 per object), then the payloads, each
 phase with the tensor algorithms of this package.
 
@@ -13,14 +14,17 @@ it is interpreted; msgpack payloads are always accepted (they cannot run code).
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
+import sys
 from collections.abc import Coroutine
 from typing import Any
 
 import msgpack
 import numpy as np
 
+from aiodist import _tensors
 from aiodist._collectives import launch
 from aiodist._world import resolve_group
 from aiodist.collectives._common import bv
@@ -30,6 +34,7 @@ from aiodist.collectives.gather import gather as _gather
 from aiodist.collectives.gather import scatter as _scatter
 from aiodist.errors import DistError, DistTypeError, DistValueError
 from aiodist.group import ProcessGroup
+from aiodist.ops import SUPPORTED_DTYPE_NAMES, dtype_from_name, dtype_name
 from aiodist.transport.base import P2P
 from aiodist.work import Work
 
@@ -47,7 +52,11 @@ __all__ = [
 
 _MSGPACK = 0x4D  # "M"
 _PICKLE = 0x50  # "P"
-_TUPLE = 1  # msgpack ext code: a tuple (msgpack alone would turn it into a list)
+# msgpack ext codes for what msgpack has no type of, so that these travel without pickle:
+_TUPLE = 1  # a tuple (msgpack alone would turn it into a list)
+_NDARRAY = 2  # a numpy array: [dtype name, shape, bytes]
+_TENSOR = 3  # a dense CPU torch.Tensor: [dtype name, shape, bytes, requires_grad]
+_ARRAY_DTYPES = frozenset(dtype_from_name(name) for name in SUPPORTED_DTYPE_NAMES)
 
 # Object point-to-point uses tags of its own (sizes, then payloads), so that a user's
 # tag-0 traffic between the same pair can never take an object's payload.
@@ -56,9 +65,42 @@ DATA_TAG = -0x0B1EC8
 
 
 def _default(obj: Any) -> Any:
-    if type(obj) is tuple:
+    kind = type(obj)
+    if kind is tuple:
         return msgpack.ExtType(_TUPLE, _pack(list(obj)))
-    raise TypeError(f"not plain data: {type(obj).__qualname__}")
+    if kind is np.ndarray and obj.dtype in _ARRAY_DTYPES:
+        return msgpack.ExtType(_NDARRAY, _pack([dtype_name(obj.dtype), list(obj.shape), obj.tobytes()]))
+    if _is_plain_tensor(obj):
+        data = obj.detach().resolve_conj().resolve_neg().contiguous()
+        raw = _tensors.as_array(data, arg="tensor", writable=False).tobytes()
+        return msgpack.ExtType(
+            _TENSOR,
+            _pack([dtype_name(_tensors.numpy_dtype_for(obj.dtype)), list(obj.shape), raw, obj.requires_grad]),
+        )
+    raise TypeError(f"not plain data: {kind.__qualname__}")
+
+
+def _is_plain_tensor(obj: Any) -> bool:
+    """A plain dense CPU ``torch.Tensor`` (not a subclass such as ``Parameter``: those keep pickle)."""
+    torch = sys.modules.get("torch")
+    return (
+        torch is not None
+        and type(obj) is torch.Tensor
+        and obj.layout is torch.strided
+        and obj.device.type == "cpu"
+        and _dtype_name_or_none(obj) is not None
+    )
+
+
+def _dtype_name_or_none(tensor: Any) -> str | None:
+    try:
+        return dtype_name(_tensors.numpy_dtype_for(tensor.dtype))
+    except (DistTypeError, DistValueError):
+        return None
+
+
+def _array_from(name: str, shape: list[int], raw: bytes) -> np.ndarray:
+    return np.frombuffer(raw, dtype=dtype_from_name(name)).reshape(shape).copy()
 
 
 def _pack(obj: Any) -> bytes:
@@ -68,6 +110,19 @@ def _pack(obj: Any) -> bytes:
 def _ext_hook(code: int, data: bytes) -> Any:
     if code == _TUPLE:
         return tuple(_unpack(data))
+    if code == _NDARRAY:
+        name, shape, raw = _unpack(data)
+        return _array_from(name, shape, raw)
+    if code == _TENSOR:
+        name, shape, raw, requires_grad = _unpack(data)
+        try:
+            importlib.import_module("torch")
+        except ImportError:
+            raise DistError(
+                "an object payload holds a torch tensor, but torch is not installed here"
+            ) from None
+        tensor = _tensors.to_torch(_array_from(name, shape, raw))
+        return tensor.requires_grad_(True) if requires_grad else tensor
     raise DistError(f"unknown msgpack extension {code} in an object payload")
 
 
@@ -292,7 +347,8 @@ def scatter_object_list(
     root = g.group_rank(src, "src")
     out = _list_arg(scatter_object_output_list, "scatter_object_output_list")
     if not out:
-        raise DistValueError("scatter_object_output_list must have at least one slot")
+        # torch's wording (torch programs match it): the first slot receives this rank's object.
+        raise DistValueError("Expected argument scatter_object_output_list to be a list of size at least 1.")
     ins: list[Any] | None = None
     if g.rank == root:
         if scatter_object_input_list is None:

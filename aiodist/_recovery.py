@@ -259,7 +259,7 @@ class StepKeeper:
         waited = "" if q.waiting.startswith("no rank") else f" waiting for data from {q.waiting}"
         if not q.note or (q.limit < math.inf and q.elapsed >= 0.9 * q.limit):
             note = f" ({q.note})" if q.note else ""
-            text = f"{me} timed out after {q.limit:g} s{waited}{q.stall}{note}: {'; '.join(parts)}"
+            text = f"{me} reached its timeout of {q.limit:g} s{waited}{q.stall}{note}: {'; '.join(parts)}"
         else:  # a member gave up on it first, before this rank's own deadline (if any)
             after = f" after {q.elapsed:.2g} s" if q.elapsed < math.inf else ""
             text = f"{me} was abandoned{after} here{waited}{q.stall}: {q.note}; {'; '.join(parts)}"
@@ -461,7 +461,7 @@ class StepKeeper:
         self._end_resync(rs)
         rs.future.set_exception(
             DistTimeoutError(
-                f"{rs.name} on rank {g.global_rank} ({g.name}) timed out after {rs.limit:g} s: "
+                f"{rs.name} on rank {g.global_rank} ({g.name}) reached its timeout of {rs.limit:g} s: "
                 f"{_ranks(missing)} did not call resync; call it again on every rank"
             )
         )

@@ -23,6 +23,7 @@ from .ops import SUPPORTED_DTYPE_NAMES, dtype_from_name, dtype_name
 
 __all__ = [
     "DeviceTensorError",
+    "NotContiguousError",
     "as_array",
     "as_arrays",
     "check_tensor",
@@ -67,6 +68,14 @@ class DeviceTensorError(DistValueError):
 
     The operations of the async face catch it and stage the tensor through pinned host
     buffers (``aiodist._staging``) when their group can; anywhere else it is the user's error.
+    """
+
+
+class NotContiguousError(DistValueError):
+    """A tensor or array that is not (C-)contiguous reached code that views its memory flat.
+
+    The blocking face (``aiodist.sync``) catches it and runs the operation on contiguous copies,
+    writing the results back, as gloo does; the async face leaves the copy to the caller.
     """
 
 
@@ -166,7 +175,7 @@ def _numpy_view(arr: npt.NDArray[Any], arg: str, writable: bool) -> npt.NDArray[
         raise DistTypeError(f"{arg}: masked arrays are not supported; pass arr.filled() or arr.data")
     _numpy_dtype_name(arr, arg)
     if not arr.flags.c_contiguous:
-        raise DistValueError(
+        raise NotContiguousError(
             f"{arg} must be C-contiguous (use numpy.ascontiguousarray); "
             f"got shape {arr.shape} with strides {arr.strides}"
         )
@@ -196,7 +205,7 @@ def check_tensor(tensor: Any, *, arg: str) -> str:
 
 def _check_contiguous(tensor: Any, arg: str) -> None:
     if not tensor.is_contiguous():
-        raise DistValueError(
+        raise NotContiguousError(
             f"{arg} must be contiguous (call .contiguous() first); "
             f"got shape {tuple(tensor.shape)} with strides {tensor.stride()}"
         )

@@ -11,6 +11,7 @@ import atexit
 import datetime
 import logging
 import os
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -325,7 +326,13 @@ def get_backend(group: Any = None) -> str:
 
 
 async def new_group(
-    ranks: Any = None, timeout: float | datetime.timedelta | None = None, backend: str | None = None, **_: Any
+    ranks: Any = None,
+    timeout: float | datetime.timedelta | None = None,
+    backend: str | None = None,
+    *,
+    sort_ranks: bool = True,
+    use_local_synchronization: bool = False,
+    **_: Any,
 ) -> ProcessGroup:
     """Create a group of ``ranks`` (global ranks; None = all). Every rank of the job calls it, in order.
 
@@ -333,10 +340,22 @@ async def new_group(
     the job's) picks what runs the group's tensor operations: "tcp"/"gloo" aiodist's transport,
     "nccl"/"torch-gloo" a torch engine of its own (e.g. a "gloo" group for CPU tensors in an
     "nccl" job, as in torch).
+
+    Args:
+        sort_ranks: as torch: True (default) sorts ``ranks``; False keeps the given order, so
+            that position in ``ranks`` is the group rank (every rank must pass the same list).
+        use_local_synchronization: as torch: only the members need to call this; the others may
+            skip it (or call it, as a no-op returning their non-member handle). The group's id is
+            then derived from its member list and how many such groups these members created, not
+            from the job-wide creation count, so skipping it leaves later groups in step.
     """
     w = world()
     size = w.default_group.size
-    members = list(range(size)) if ranks is None else sorted(int(r) for r in ranks)
+    if ranks is None:
+        members = list(range(size))
+    else:
+        given = [int(r) for r in ranks]
+        members = sorted(given) if sort_ranks else given
     for r in members:
         if not 0 <= r < size:
             raise DistValueError(f"new_group: rank {r} is not in the world of size {size}")
@@ -352,8 +371,19 @@ async def new_group(
         engine = None if kind == "tcp" else kind
         if engine is not None:
             _engine.check_available(engine)
-    gid = w.next_gid
-    w.next_gid += 1
+    if use_local_synchronization:
+        if engine is not None:
+            raise DistValueError(
+                f"new_group: use_local_synchronization=True needs aiodist's own transport; the {engine!r} "
+                "engine creates its groups with every rank of the job (pass backend='gloo', or drop it)"
+            )
+        # Equal on the members (they create their groups in one order), whatever other ranks did.
+        local_base = 1 << 48  # above any creation count: the two kinds of id never meet
+        earlier = sum(1 for g in w.groups if g.gid >= local_base and list(g.ranks) == members)
+        gid = local_base + (zlib.crc32(",".join(map(str, members)).encode()) << 16) + earlier
+    else:
+        gid = w.next_gid
+        w.next_gid += 1
     t = w.default_group.timeout if timeout is None else _seconds(timeout)
     group = ProcessGroup(w.transport, members, gid, timeout=t, backend=engine or "tcp")
     await _equip(w, group, engine)

@@ -1,7 +1,19 @@
 """The aiodist error family. One root, ``DistError``; torch's names below it.
 
 Misuse (a wrong argument) raises ``DistValueError`` / ``DistTypeError``, which are also
-``ValueError`` / ``TypeError`` so that ordinary ``except ValueError`` code keeps working.
+``ValueError`` / ``TypeError`` so that ordinary ``except ValueError`` code keeps working; where
+torch raises another built-in class for the same misuse, aiodist's class derives from it too
+(``UnsupportedReduceError`` is a ``TypeError`` and, as torch's, a ``ValueError``).
+
+Why these are not subclasses of torch's own ``torch.distributed.DistError`` family: torch is
+optional, and ``import aiodist`` never imports it (a second of start-up, and a dependency a
+numpy-only job does not have). Deriving from torch's classes only when torch happens to be
+imported first would give one program two different hierarchies depending on import order.
+So aiodist derives from the built-in classes torch's derive from (``RuntimeError`` for
+``DistError``, ``TimeoutError``, ``ValueError``, ``TypeError``), and ``aiodist.sync`` exports
+these under torch's names (``dist.DistError``, ``dist.DistBackendError``...): code written as
+``except dist.DistError`` or ``except RuntimeError`` / ``except ValueError`` behaves the same on
+either runtime; only a literal ``except torch.distributed.DistError`` does not see aiodist's.
 This module imports nothing else of aiodist.
 """
 
@@ -16,6 +28,7 @@ __all__ = [
     "DistTypeError",
     "DistValueError",
     "GroupOutOfStepError",
+    "UnsupportedReduceError",
 ]
 
 
@@ -52,3 +65,11 @@ class DistValueError(DistError, ValueError):
 
 class DistTypeError(DistError, TypeError):
     """A wrong argument type (misuse by the caller)."""
+
+
+class UnsupportedReduceError(DistTypeError, ValueError):
+    """A reduce op that cannot reduce this dtype (bitwise on floats, MIN/MAX on complex...).
+
+    A ``TypeError`` (the dtype is wrong for the op) and a ``ValueError``, the class torch raises
+    for it ("all_reduce does not support ... on complex tensors").
+    """

@@ -283,7 +283,7 @@ class ProcessGroup:
             self._keeper.timed_out(op, t, _describe_ranks(waiting), self.transport.stall_note())
             return
         err = DistTimeoutError(
-            f"{op.name} on rank {self.global_rank} ({self.name}) timed out after {t:g} s "
+            f"{op.name} on rank {self.global_rank} ({self.name}) reached its timeout of {t:g} s "
             f"waiting for data from {_describe_ranks(waiting)}{self.transport.stall_note()}"
         )
         self._fail(op, err)

@@ -28,7 +28,7 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from .errors import DistTypeError, DistValueError
+from .errors import DistTypeError, DistValueError, UnsupportedReduceError
 
 __all__ = [
     "SUPPORTED_DTYPE_NAMES",
@@ -270,15 +270,17 @@ def check_reduce(op: object, dtype: npt.DTypeLike) -> ReduceOp:
         The ReduceOp member.
 
     Raises:
-        DistTypeError: unsupported dtype, or a combination that makes no sense (bitwise on
-            float/complex, MIN/MAX on complex, AVG on bool); the message names op and dtype.
+        DistTypeError: unsupported dtype.
+        UnsupportedReduceError: a combination that makes no sense (bitwise on float/complex,
+            MIN/MAX on complex, AVG on bool; a ``TypeError`` and a ``ValueError``); the message
+            names op and dtype.
         DistValueError: an unknown op name.
     """
     rop = as_reduce_op(op)
     name = dtype_name(dtype)
     why = _refusal(rop, name)
     if why is not None:
-        raise DistTypeError(f"ReduceOp.{rop.name} is not supported for {name} tensors: {why}")
+        raise UnsupportedReduceError(f"ReduceOp.{rop.name} is not supported for {name} tensors: {why}")
     return rop
 
 

@@ -218,5 +218,8 @@ class Work:
         """The sender of a completed ``recv``/``irecv`` (torch's ``Work.source_rank``)."""
         return int(self.result())
 
+    # torch's suite and some user code call the private spelling; it is the same method.
+    _source_rank = source_rank
+
     def synchronize(self) -> None:
         """No-op for host tensors (torch uses it for CUDA streams)."""

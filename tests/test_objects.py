@@ -124,7 +124,7 @@ async def test_object_argument_errors() -> None:
             dist.all_gather_object([None], 1, group=g)
         with pytest.raises(DistValueError, match="object_gather_list is required"):
             dist.gather_object(1, None, g.rank, group=g)
-        with pytest.raises(DistValueError, match="at least one slot"):
+        with pytest.raises(DistValueError, match="list of size at least 1"):
             dist.scatter_object_list([], [1, 2], 0, group=g)
         with pytest.raises(dist.DistTypeError, match="object_list must be a list"):
             dist.broadcast_object_list((1, 2), 0, group=g)  # type: ignore[arg-type]

@@ -45,7 +45,7 @@ async def test_a_rank_that_completed_what_the_root_abandoned_is_stopped_and_resy
             await root
         msg = str(info.value)
         assert msg.startswith(
-            "gather #0 on rank 0 (default group) timed out after 0.3 s waiting for data from rank 2"
+            "gather #0 on rank 0 (default group) reached its timeout of 0.3 s waiting for data from rank 2"
         )
         assert "rank 2 never entered it (it has started no operation on the group yet)" in msg, msg
         assert "rank 1 had completed it" in msg and "out of step" in msg, msg

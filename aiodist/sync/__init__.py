@@ -19,6 +19,8 @@ from aiodist.store.blocking import FileStore as FileStore
 from aiodist.store.blocking import HashStore as HashStore
 from aiodist.store.blocking import PrefixStore as PrefixStore
 from aiodist.store.blocking import TCPStore as TCPStore
+from aiodist.sync._coalesced import all_gather_coalesced as all_gather_coalesced
+from aiodist.sync._coalesced import all_reduce_coalesced as all_reduce_coalesced
 from aiodist.sync._collectives import _all_gather_base as _all_gather_base
 from aiodist.sync._collectives import _reduce_scatter_base as _reduce_scatter_base
 from aiodist.sync._collectives import all_gather as all_gather
@@ -77,11 +79,24 @@ from aiodist.sync._core import recv as recv
 from aiodist.sync._core import resync as resync
 from aiodist.sync._core import send as send
 from aiodist.sync._core import supports_complex as supports_complex
+from aiodist.sync._debug import DebugLevel as DebugLevel
+from aiodist.sync._debug import get_debug_level as get_debug_level
+from aiodist.sync._debug import set_debug_level as set_debug_level
+from aiodist.sync._debug import set_debug_level_from_env as set_debug_level_from_env
 from aiodist.work import Work as Work
+
+# As torch does when torch.distributed is imported: TORCH_DISTRIBUTED_DEBUG (else AIODIST_DEBUG).
+set_debug_level_from_env()
 
 __all__ = [
     "CollectiveMismatchError",
     "Backend",
+    "DebugLevel",
+    "all_gather_coalesced",
+    "all_reduce_coalesced",
+    "get_debug_level",
+    "set_debug_level",
+    "set_debug_level_from_env",
     "DistBackendError",
     "default_pg_timeout",
     "get_default_backend_for_device",

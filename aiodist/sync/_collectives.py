@@ -11,10 +11,12 @@ from typing import Any
 import aiodist._collectives as _c
 import aiodist._objects as _o
 import aiodist._world as _world
-from aiodist.errors import DistValueError
+from aiodist.errors import DistTypeError, DistValueError
 from aiodist.ops import ReduceOp
 from aiodist.sync._bridge import call
-from aiodist.sync._core import not_in_group
+from aiodist.sync._core import check_complex_op, not_in_group
+from aiodist.sync._launch import run_op, run_out_in
+from aiodist.sync._sparse import is_sparse, sparse_all_reduce
 from aiodist.work import Work
 
 __all__ = [
@@ -68,13 +70,21 @@ def broadcast(
     if not_in_group(group, "broadcast"):
         return None
     root = _root(src, group_src, group, "src")
-    return call(lambda: _c.broadcast(tensor, root, group), async_op)  # type: ignore[no-any-return]
+    return run_op("broadcast", lambda t: _c.broadcast(t, root, group), async_op, tensor)  # type: ignore[no-any-return]
 
 
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
+    """torch's ``all_reduce``; a sparse COO tensor is summed as gloo does (see ``_sparse``)."""
     if not_in_group(group, "all_reduce"):
         return None
-    return call(lambda: _c.all_reduce(tensor, op, group), async_op)  # type: ignore[no-any-return]
+    if op is not ReduceOp.SUM:
+        check_complex_op("all_reduce", op, [tensor])
+    try:
+        return run_op("all_reduce", lambda t: _c.all_reduce(t, op, group), async_op, tensor)  # type: ignore[no-any-return]
+    except DistTypeError:
+        if not is_sparse(tensor):
+            raise
+    return sparse_all_reduce(tensor, op, group, async_op)
 
 
 def reduce(
@@ -88,13 +98,13 @@ def reduce(
     if not_in_group(group, "reduce"):
         return None
     root = _root(dst, group_dst, group, "dst")
-    return call(lambda: _c.reduce(tensor, root, op, group), async_op)  # type: ignore[no-any-return]
+    return run_op("reduce", lambda t: _c.reduce(t, root, op, group), async_op, tensor)  # type: ignore[no-any-return]
 
 
 def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
     if not_in_group(group, "all_gather"):
         return None
-    return call(lambda: _c.all_gather(tensor_list, tensor, group), async_op)  # type: ignore[no-any-return]
+    return run_out_in("all_gather", lambda o, i: _c.all_gather(o, i, group), async_op, tensor_list, tensor)
 
 
 def all_gather_into_tensor(
@@ -102,7 +112,13 @@ def all_gather_into_tensor(
 ) -> Work | None:
     if not_in_group(group, "all_gather_into_tensor"):
         return None
-    return call(lambda: _c.all_gather_into_tensor(output_tensor, input_tensor, group), async_op)  # type: ignore[no-any-return]
+    return run_out_in(
+        "_allgather_base",
+        lambda o, i: _c.all_gather_into_tensor(o, i, group),
+        async_op,
+        output_tensor,
+        input_tensor,
+    )
 
 
 all_gather_single = all_gather_into_tensor
@@ -120,7 +136,9 @@ def gather(
     if not_in_group(group, "gather"):
         return None
     root = _root(dst, group_dst, group, "dst", default=0)
-    return call(lambda: _c.gather(tensor, gather_list, root, group), async_op)  # type: ignore[no-any-return]
+    return run_op(  # type: ignore[no-any-return]
+        "gather", lambda t, o: _c.gather(t, o, root, group), async_op, tensor, gather_list, inputs=0
+    )
 
 
 def scatter(
@@ -134,7 +152,7 @@ def scatter(
     if not_in_group(group, "scatter"):
         return None
     root = _root(src, group_src, group, "src", default=0)
-    return call(lambda: _c.scatter(tensor, scatter_list, root, group), async_op)  # type: ignore[no-any-return]
+    return run_out_in("scatter", lambda t, i: _c.scatter(t, i, root, group), async_op, tensor, scatter_list)
 
 
 def reduce_scatter(
@@ -142,7 +160,9 @@ def reduce_scatter(
 ) -> Work | None:
     if not_in_group(group, "reduce_scatter"):
         return None
-    return call(lambda: _c.reduce_scatter(output, input_list, op, group), async_op)  # type: ignore[no-any-return]
+    return run_out_in(
+        "reduce_scatter", lambda o, i: _c.reduce_scatter(o, i, op, group), async_op, output, input_list
+    )
 
 
 def reduce_scatter_tensor(
@@ -150,7 +170,13 @@ def reduce_scatter_tensor(
 ) -> Work | None:
     if not_in_group(group, "reduce_scatter_tensor"):
         return None
-    return call(lambda: _c.reduce_scatter_tensor(output, input, op, group), async_op)  # type: ignore[no-any-return]
+    return run_out_in(
+        "_reduce_scatter_base",
+        lambda o, i: _c.reduce_scatter_tensor(o, i, op, group),
+        async_op,
+        output,
+        input,
+    )
 
 
 reduce_scatter_single = reduce_scatter_tensor
@@ -162,7 +188,9 @@ def all_to_all(
 ) -> Work | None:
     if not_in_group(group, "all_to_all"):
         return None
-    return call(lambda: _c.all_to_all(output_tensor_list, input_tensor_list, group), async_op)  # type: ignore[no-any-return]
+    return run_out_in(
+        "all_to_all", lambda o, i: _c.all_to_all(o, i, group), async_op, output_tensor_list, input_tensor_list
+    )
 
 
 def all_to_all_single(
@@ -175,8 +203,12 @@ def all_to_all_single(
 ) -> Work | None:
     if not_in_group(group, "all_to_all_single"):
         return None
-    return call(  # type: ignore[no-any-return]
-        lambda: _c.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group), async_op
+    return run_out_in(
+        "alltoall_base",
+        lambda o, i: _c.all_to_all_single(o, i, output_split_sizes, input_split_sizes, group),
+        async_op,
+        output,
+        input,
     )
 
 

@@ -10,6 +10,7 @@ ranks within ``group``.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import warnings
 from collections.abc import Sequence
@@ -20,10 +21,12 @@ import numpy as np
 import aiodist._engine as _engine
 import aiodist._p2p as _p2p
 import aiodist._world as _world
-from aiodist.errors import DistError, DistTypeError, DistValueError
+from aiodist._tensors import NotContiguousError
+from aiodist.errors import DistError, DistTypeError, DistValueError, UnsupportedReduceError
 from aiodist.group import ProcessGroup
-from aiodist.ops import check_reduce
-from aiodist.sync._bridge import call, on_loop, run, start_p2p
+from aiodist.ops import ReduceOp, as_reduce_op
+from aiodist.sync._bridge import on_loop, run, start_p2p
+from aiodist.sync._launch import profiling, run_op
 from aiodist.work import Work
 
 __all__ = [
@@ -33,6 +36,7 @@ __all__ = [
     "P2POp",
     "barrier",
     "batch_isend_irecv",
+    "check_complex_op",
     "default_pg_timeout",
     "destroy_process_group",
     "get_backend",
@@ -236,10 +240,32 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
     )
 
 
+# torch refuses these on complex tensors (its ``supports_complex``): no order, no bits, and
+# gloo has no complex product.
+_NOT_FOR_COMPLEX = frozenset(
+    {ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR}
+)
+
+
+def check_complex_op(what: str, op: Any, tensors: Sequence[Any]) -> None:
+    """Refuse, as torch does, a reduce op it does not support on complex tensors.
+
+    Raises:
+        UnsupportedReduceError: (a ``ValueError``, as torch's) "all_reduce does not support ...".
+    """
+    rop = as_reduce_op(op)
+    if rop not in _NOT_FOR_COMPLEX:
+        return
+    for t in tensors:
+        is_complex = getattr(t, "is_complex", None)
+        if (is_complex() if callable(is_complex) else np.iscomplexobj(t)) is True:
+            raise UnsupportedReduceError(f"{what} does not support ReduceOp.{rop.name} on complex tensors")
+
+
 def supports_complex(reduceOp: Any) -> bool:
-    """True if ``reduceOp`` may reduce complex tensors (not MIN/MAX, nor the bitwise ops)."""
+    """True if ``reduceOp`` may reduce complex tensors here, as in torch (not MIN/MAX/PRODUCT, nor bitwise)."""
     try:
-        check_reduce(reduceOp, np.complex64)
+        check_complex_op("all_reduce", reduceOp, [np.zeros(1, np.complex64)])
     except DistTypeError:
         return False
     return True
@@ -332,13 +358,26 @@ def new_group(
 ) -> Any:
     """Create a group of the global ``ranks`` (None: all). Every rank of the job calls it, in order.
 
+    Args:
+        sort_ranks: True (default) sorts ``ranks``; False keeps their order: position in
+            ``ranks`` is the group rank (every rank passes the same list), as torch.
+        use_local_synchronization: only the members need to call it, as torch (the others may
+            skip the call); aiodist's transport only.
     Returns:
         The group; ``GroupMember.NON_GROUP_MEMBER`` on a rank outside it, as torch (operations
         called with it are skipped).
     """
     if backend is not None and not is_backend_available(backend):
         raise DistValueError(f"new_group: backend {backend!r} is not available (use 'gloo')")
-    pg = run(_world.new_group(ranks, _seconds(timeout), None if backend is None else str(Backend(backend))))
+    pg = run(
+        _world.new_group(
+            ranks,
+            _seconds(timeout),
+            None if backend is None else str(Backend(backend)),
+            sort_ranks=sort_ranks,
+            use_local_synchronization=use_local_synchronization,
+        )
+    )
     return pg if pg.rank >= 0 else _NonMember(pg.ranks)
 
 
@@ -506,7 +545,7 @@ def send(
     if not_in_group(group, "send"):
         return
     peer = _peer(dst, group_dst, group, "dst")
-    call(lambda: _p2p.send(tensor, peer, group, tag), False)
+    run_op("send", lambda t: _p2p.send(t, peer, group, tag), False, tensor)
 
 
 def recv(
@@ -520,7 +559,7 @@ def recv(
     if not_in_group(group, "recv"):
         return -1
     peer = None if src is None and group_src is None else _peer(src, group_src, group, "src")
-    return int(call(lambda: _p2p.recv(tensor, peer, group, tag), False))
+    return int(run_op("recv", lambda t: _p2p.recv(t, peer, group, tag), False, tensor))
 
 
 def isend(
@@ -530,7 +569,13 @@ def isend(
     if not_in_group(group, "isend"):
         return None
     peer = _peer(dst, group_dst, group, "dst")
-    return start_p2p(lambda t: _p2p.isend(t, peer, group, tag), "send", tensor, peer, group, tag)
+    start = functools.partial(_p2p.isend, dst=peer, group=group, tag=tag)
+    if profiling():
+        return run_op("send", start, True, tensor)  # type: ignore[no-any-return]
+    try:
+        return start_p2p(start, "send", tensor, peer, group, tag)
+    except NotContiguousError:
+        return run_op("send", start, True, tensor)  # type: ignore[no-any-return]
 
 
 def irecv(
@@ -540,7 +585,14 @@ def irecv(
     if not_in_group(group, "irecv"):
         return None
     peer = None if src is None and group_src is None else _peer(src, group_src, group, "src")
-    return start_p2p(lambda t: _p2p.irecv(t, peer, group, tag), "recv", tensor, peer, group, tag)
+    start = functools.partial(_p2p.irecv, src=peer, group=group, tag=tag)
+    name = "recvAnysource" if peer is None else "recv"
+    if profiling():
+        return run_op(name, start, True, tensor)  # type: ignore[no-any-return]
+    try:
+        return start_p2p(start, "recv", tensor, peer, group, tag)
+    except NotContiguousError:
+        return run_op(name, start, True, tensor)  # type: ignore[no-any-return]
 
 
 #: torch's ``P2POp(op, tensor, peer=None, group=None, tag=0, group_peer=None)``.
@@ -578,4 +630,4 @@ def barrier(
     if not_in_group(group, "barrier"):
         return None
     seconds = _seconds(timeout)
-    return call(lambda: _p2p.barrier(group, timeout=seconds), async_op)  # type: ignore[no-any-return]
+    return run_op("barrier", lambda: _p2p.barrier(group, timeout=seconds), async_op)  # type: ignore[no-any-return]
