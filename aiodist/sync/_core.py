@@ -559,7 +559,8 @@ def recv(
     if not_in_group(group, "recv"):
         return -1
     peer = None if src is None and group_src is None else _peer(src, group_src, group, "src")
-    return int(run_op("recv", lambda t: _p2p.recv(t, peer, group, tag), False, tensor))
+    name = "recvAnySource" if peer is None else "recv"  # gloo's record names
+    return int(run_op(name, lambda t: _p2p.recv(t, peer, group, tag), False, tensor))
 
 
 def isend(
@@ -586,7 +587,7 @@ def irecv(
         return None
     peer = None if src is None and group_src is None else _peer(src, group_src, group, "src")
     start = functools.partial(_p2p.irecv, src=peer, group=group, tag=tag)
-    name = "recvAnysource" if peer is None else "recv"
+    name = "recvAnySource" if peer is None else "recv"  # gloo's record names
     if profiling():
         return run_op(name, start, True, tensor)  # type: ignore[no-any-return]
     try:
