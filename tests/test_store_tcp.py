@@ -22,7 +22,8 @@ from waits import closed_within, eventually
 
 from aiodist.errors import DistStoreError, DistTimeoutError, DistTypeError, DistValueError
 from aiodist.store import StoreServer, TCPStore
-from aiodist.store.client import _chunks
+from aiodist.store.base import ForeignStoreError, StoreShutDownError
+from aiodist.store.client import SILENCE_VERDICT, _chunks
 from aiodist.store.server import MAX_VALUE_BYTES
 from aiodist.wire.frames import FrameReader, encode_frame
 from aiodist.wire.handshake import make_hello, parse_challenge, verify_welcome
@@ -167,12 +168,59 @@ async def test_not_a_store_server_is_reported() -> None:
     server = await asyncio.start_server(http, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        client = TCPStore("127.0.0.1", port, timeout=0.5, secret=SECRET)
-        with pytest.raises(DistStoreError, match="ProtocolError"):
+        client = TCPStore("127.0.0.1", port, timeout=30, secret=SECRET)
+        t0 = time.monotonic()
+        with pytest.raises(ForeignStoreError) as info:
             await client.start()
+        assert time.monotonic() - t0 < 1.0  # at once, not after the 30 s timeout
+        msg = str(info.value)
+        assert f"127.0.0.1:{port}" in msg and "already in use by another program" in msg, msg
+        assert "HTTP/1.1 400" in msg and "--master-port" in msg, msg
+        assert info.value.holder == "program"
     finally:
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.parametrize("behaviour", ["silent", "close-at-once"])
+async def test_a_listener_that_says_nothing_is_not_a_store(behaviour: str) -> None:
+    held: list[asyncio.StreamWriter] = []
+
+    async def quiet(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if behaviour == "silent":
+            held.append(writer)  # accept and never answer
+        else:
+            writer.close()
+
+    server = await asyncio.start_server(quiet, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        client = TCPStore("127.0.0.1", port, timeout=60, secret=SECRET)
+        t0 = time.monotonic()
+        with pytest.raises(ForeignStoreError, match="already in use by another program") as info:
+            await client.start()
+        took = time.monotonic() - t0
+        assert SILENCE_VERDICT - 0.1 <= took < SILENCE_VERDICT + 3.0, took  # seconds, not the timeout
+        assert f"127.0.0.1:{port}" in str(info.value)
+    finally:
+        for w in held:
+            w.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_store_shut_down_in_order_is_told_apart_from_a_crash() -> None:
+    m = TCPStore("127.0.0.1", 0, is_master=True, secret=SECRET)
+    await m.start()
+    client = TCPStore("127.0.0.1", m.port, timeout=30, secret=SECRET)
+    waiting = asyncio.create_task(client.wait(["never"]))
+    await asyncio.sleep(0.05)
+    await m.aclose()
+    with pytest.raises(StoreShutDownError, match="closed the connection: its host shut the store down"):
+        await asyncio.wait_for(waiting, 2)
+    with pytest.raises(StoreShutDownError):
+        await client.set("after", b"lost")
+    await client.aclose()
 
 
 # -- one connection, many requests -----------------------------------------------------------
