@@ -1,0 +1,105 @@
+"""Recovery by destroy + init: 50 rounds of init -> all_reduce -> destroy, two ranks as processes.
+
+Two variants, through both faces: the same MASTER_PORT every round with a new group name
+each round (a rank may reach the previous round's store while its host shuts it down: it
+must look for the next one), and a new MASTER_PORT in ``os.environ`` before every re-init
+(rank 0 must host the store on the new port). Every other round rank 0 leaves late, so rank 1
+surely meets the old store. Every result is checked; file descriptors and
+threads are back to their baseline after every round, and memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from faults_common import fd_count
+
+import aiodist as dist
+import aiodist.sync as sdist
+from aiodist.testing import free_port, spawn
+
+pytestmark = pytest.mark.timeout(240)
+
+ROUNDS = 50
+# Every other round rank 0 tears down this much later than rank 1, so that rank 1's next init
+# surely reaches the store rank 0 is about to shut down.
+LAG = 0.05
+
+
+def _usage() -> tuple[int, int, int]:
+    """(open file descriptors, threads, peak RSS in KiB)."""
+    return fd_count(), threading.active_count(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _check_round(i: int, rank: int, total: float, baseline: tuple[int, int, int] | None) -> None:
+    assert total == 1 + 2 + 2 * i, (i, rank, total)  # (rank 0: 1 + i) + (rank 1: 2 + i)
+    if baseline is not None:
+        fds, threads, _ = _usage()
+        assert fds <= baseline[0], f"round {i}: {fds} fds open, {baseline[0]} after round 0"
+        assert threads <= baseline[1], f"round {i}: {threads} threads, {baseline[1]} after round 0"
+
+
+async def _async_rounds(rank: int, size: int, new_port: bool) -> dict[str, Any]:
+    baseline = None
+    t0 = time.monotonic()
+    for i in range(ROUNDS):
+        await dist.init_process_group("tcp", "env://", timeout=30, group_name=f"round-{i}")
+        t = np.array([rank + 1.0 + i])
+        await dist.all_reduce(t)
+        port = 0
+        if new_port:
+            p = np.array([free_port() if rank == 0 else 0], np.int64)
+            await dist.broadcast(p, 0)
+            port = int(p[0])
+        if rank == 0 and i % 2:
+            await asyncio.sleep(LAG)
+        await dist.destroy_process_group()
+        if new_port:
+            os.environ["MASTER_PORT"] = str(port)
+        _check_round(i, rank, float(t[0]), baseline)
+        if i == 0:
+            baseline = _usage()
+    assert baseline is not None
+    return {"seconds": time.monotonic() - t0, "rss_round0": baseline[2], "rss_end": _usage()[2]}
+
+
+def _sync_rounds(rank: int, size: int, new_port: bool) -> dict[str, Any]:
+    baseline = None
+    t0 = time.monotonic()
+    for i in range(ROUNDS):
+        sdist.init_process_group("gloo", "env://", timeout=30, group_name=f"round-{i}")
+        t = np.array([rank + 1.0 + i])
+        sdist.all_reduce(t)
+        port = 0
+        if new_port:
+            p = np.array([free_port() if rank == 0 else 0], np.int64)
+            sdist.broadcast(p, 0)
+            port = int(p[0])
+        if rank == 0 and i % 2:
+            time.sleep(LAG)
+        sdist.destroy_process_group()
+        if new_port:
+            os.environ["MASTER_PORT"] = str(port)
+        _check_round(i, rank, float(t[0]), baseline)
+        if i == 0:
+            baseline = _usage()
+    assert baseline is not None
+    return {"seconds": time.monotonic() - t0, "rss_round0": baseline[2], "rss_end": _usage()[2]}
+
+
+@pytest.mark.parametrize("face", ["async", "sync"])
+@pytest.mark.parametrize("port", ["same port, new group name", "new port each round"])
+def test_fifty_rounds_of_destroy_and_init(face: str, port: str) -> None:
+    fn = _async_rounds if face == "async" else _sync_rounds
+    res = spawn(fn, 2, args=(port.startswith("new"),), timeout=200, env={"OMP_NUM_THREADS": "1"})
+    for r in res:
+        # memory roughly bounded: 50 rounds add less than 64 MiB of peak RSS to round 0's
+        assert r["rss_end"] - r["rss_round0"] < 64 << 10, r
+    print(f"{face}, {port}: {max(r['seconds'] for r in res):.1f} s for {ROUNDS} rounds")
