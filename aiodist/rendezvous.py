@@ -233,7 +233,7 @@ async def _join_taken_port(
     except DistStoreError as exc:
         raise DistStoreError(
             f"{who} cannot host the store at {addr}: the address is already in use by another program "
-            f"({cause}; nothing there answered within {min(timeout, PROBE_SECONDS):g} s); "
+            f"(binding it failed, and nothing there accepted a connection within {min(timeout, PROBE_SECONDS):g} s); "
             f"{PORT_ADVICE}"
         ) from exc
     probe.set_timeout(timeout)
@@ -261,9 +261,9 @@ def _in_use_error(who: str, role: str, exc: ForeignStoreError) -> ForeignStoreEr
         )
     else:
         msg = (
-            f"{who} {verb} the store at {exc.addr}: authentication failed ({exc.why}). Another aiodist job "
-            f"(with a different AIODIST_SECRET) holds {exc.addr}: then {PORT_ADVICE}; or this process's "
-            "AIODIST_SECRET differs from rank 0's"
+            f"{who} {verb} the store at {exc.addr}: it refused this process's AIODIST_SECRET (authentication "
+            f"failed). Another aiodist job (with a different AIODIST_SECRET) holds {exc.addr}: then "
+            f"{PORT_ADVICE}; or else this process's AIODIST_SECRET differs from rank 0's"
         )
     return ForeignStoreError(msg, addr=exc.addr, holder=exc.holder, why=exc.why)
 

@@ -388,17 +388,20 @@ class TCPStore(Store):
         try:
             async with asyncio.timeout(first_wait):
                 first = await next_message()
-            challenge = parse_challenge(first)
         except TimeoutError:
             if first_wait < SILENCE_VERDICT:
                 raise  # our own budget ran out: no verdict on the listener
             raise _NotAStore(
                 f"it accepted the connection but sent nothing in {SILENCE_VERDICT:g} s"
             ) from None
+        except ProtocolError:  # not even a frame
+            raise _NotAStore(f"it answered {heard[:40]!r}") from None
+        try:
+            challenge = parse_challenge(first)
         except ProtocolError as exc:
-            if isinstance(exc, _NotAStore):
-                raise
-            raise _NotAStore(f"it answered {heard[:40]!r}: {exc}") from None
+            if isinstance(first, list) and first[:1] == ["challenge"]:
+                raise _NotAStore(f"it is an aiodist store of another version: {exc}") from None
+            raise _NotAStore(f"it answered {heard[:40]!r}") from None
         hello = make_hello(challenge, JOB, -1, self._secret)
         writer.write(encode_frame(hello.pack()))
         async with asyncio.timeout(max(0.001, min(end - loop.time(), self._handshake_timeout))):
