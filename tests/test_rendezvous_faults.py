@@ -129,10 +129,10 @@ def test_a_port_bound_but_not_listening_fails_the_host_fast(squatter: Squatter) 
 
 
 # -- another aiodist job holds the port ------------------------------------------------------
-async def _two_secrets(rank: int, size: int, port: int, out: str) -> Any:
+async def _two_secrets(rank: int, size: int, port: int, out: str, same_secret: bool = False) -> Any:
     """Processes 0, 1: job A (secret A) on ``port``; processes 2, 3: job B (secret B), same port."""
     job, my_rank = ("A", rank) if rank < 2 else ("B", rank - 2)
-    os.environ["AIODIST_SECRET"] = f"secret-of-{job}"
+    os.environ["AIODIST_SECRET"] = "shared" if same_secret else f"secret-of-{job}"
     a_ready, b_done = Path(out, "a-ready"), Path(out, "b-done")
     if job == "A":
         await dist.init_process_group(
@@ -174,6 +174,17 @@ def test_another_job_with_another_secret_holds_the_port(tmp_path: Path) -> None:
     assert f"Another aiodist job (with a different AIODIST_SECRET) holds {addr}" in join_msg, join_msg
     assert "--master-port" in host_msg and "--master-port" in join_msg
     assert max(t0, t1) < 10, (t0, t1)
+
+
+def test_another_job_with_the_same_secret_and_group_name_is_named(tmp_path: Path) -> None:
+    port = free_port()
+    res = spawn(_two_secrets, 4, args=(port, str(tmp_path), True), timeout=60)
+    assert res[:2] == [2.0, 2.0]  # job A never noticed
+    for kind, msg, took in res[2:]:
+        assert kind in ("DistValueError", "DistError") and "two processes claim rank" in msg, msg
+        assert f"the rendezvous at 127.0.0.1:{port} had already completed with every rank" in msg, msg
+        assert "another job with the same group name (and AIODIST_SECRET) uses that address" in msg, msg
+        assert took < 10, took
 
 
 # -- ranks that disagree about the job --------------------------------------------------------

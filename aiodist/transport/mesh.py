@@ -121,17 +121,18 @@ def world_size_disagreement(first: Identity, me: Identity) -> str:
     )
 
 
-def duplicate_claim(rank: int, first: Identity | None, me: Identity, addr: str | None) -> str:
+def duplicate_claim(
+    rank: int, first: Identity | None, me: Identity, addr: str | None, completed: bool
+) -> str:
+    """The message of a second claim of ``rank``; ``completed``: the rendezvous had every rank already."""
     msg = f"rendezvous failed: two processes claim rank {rank}"
-    if first is None:
-        return f"{msg} (this one is {me.where()})"
-    msg += f": {first.where()} and {me.where()}"
-    hint = _nodes_disagree(first, me)
-    if not hint and rank == 0 and first.hosts_store != me.hosts_store and addr is not None:
+    msg += f" (this one is {me.where()})" if first is None else f": {first.where()} and {me.where()}"
+    hint = "" if first is None else _nodes_disagree(first, me)
+    if not hint and completed:
+        where = f" at {addr}" if addr is not None else ""
         hint = (
-            f"; the process that did not host the store found {addr} already served by another aiodist "
-            "store with the same AIODIST_SECRET: another job with the same group name uses that "
-            "address (choose another port, or another group_name)"
+            f"; the rendezvous{where} had already completed with every rank: another job with the same "
+            "group name (and AIODIST_SECRET) uses that address: choose another port, or another group_name"
         )
     return msg + hint
 
@@ -218,7 +219,10 @@ async def claim_rank(
             earlier = Identity.decode(await store.get(f"claimant/{rank}/1"))
         except DistTimeoutError:
             pass
-        raise await _fail(store, duplicate_claim(rank, earlier, me, addr))
+        seen = _Seen()
+        await _check_error(store, seen)
+        completed = len(seen.members) >= world_size
+        raise await _fail(store, duplicate_claim(rank, earlier, me, addr, completed))
     await store.append("members", f"{rank},")
     log.info("aiodist: rank %d of %d claimed (%s)", rank, world_size, me.where())
     return rank
