@@ -33,12 +33,15 @@ ROUNDS = 50
 LAG = 0.05
 
 
-def _usage() -> tuple[int, int, int]:
+Usage = tuple[int, int, int]
+
+
+def _usage() -> Usage:
     """(open file descriptors, threads, peak RSS in KiB)."""
     return fd_count(), threading.active_count(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def _check_round(i: int, rank: int, total: float, baseline: tuple[int, int, int] | None) -> None:
+def _check_round(i: int, rank: int, total: float, baseline: Usage | None) -> None:
     assert total == 1 + 2 + 2 * i, (i, rank, total)  # (rank 0: 1 + i) + (rank 1: 2 + i)
     if baseline is not None:
         fds, threads, _ = _usage()
@@ -46,52 +49,51 @@ def _check_round(i: int, rank: int, total: float, baseline: tuple[int, int, int]
         assert threads <= baseline[1], f"round {i}: {threads} threads, {baseline[1]} after round 0"
 
 
+def _end_round(i: int, rank: int, total: float, port: int, baseline: Usage | None) -> Usage | None:
+    """After destroy: move to the next port (if any), check the round, take the baseline after round 0."""
+    if port:
+        os.environ["MASTER_PORT"] = str(port)
+    _check_round(i, rank, total, baseline)
+    return _usage() if i == 0 else baseline
+
+
+def _summary(t0: float, baseline: Usage | None) -> dict[str, Any]:
+    assert baseline is not None
+    return {"seconds": time.monotonic() - t0, "rss_round0": baseline[2], "rss_end": _usage()[2]}
+
+
+def _lag(rank: int, i: int) -> float:
+    return LAG if rank == 0 and i % 2 else 0.0
+
+
 async def _async_rounds(rank: int, size: int, new_port: bool) -> dict[str, Any]:
-    baseline = None
-    t0 = time.monotonic()
+    baseline, t0 = None, time.monotonic()
     for i in range(ROUNDS):
         await dist.init_process_group("tcp", "env://", timeout=30, group_name=f"round-{i}")
         t = np.array([rank + 1.0 + i])
         await dist.all_reduce(t)
-        port = 0
+        p = np.array([free_port() if rank == 0 and new_port else 0], np.int64)
         if new_port:
-            p = np.array([free_port() if rank == 0 else 0], np.int64)
             await dist.broadcast(p, 0)
-            port = int(p[0])
-        if rank == 0 and i % 2:
-            await asyncio.sleep(LAG)
+        await asyncio.sleep(_lag(rank, i))
         await dist.destroy_process_group()
-        if new_port:
-            os.environ["MASTER_PORT"] = str(port)
-        _check_round(i, rank, float(t[0]), baseline)
-        if i == 0:
-            baseline = _usage()
-    assert baseline is not None
-    return {"seconds": time.monotonic() - t0, "rss_round0": baseline[2], "rss_end": _usage()[2]}
+        baseline = _end_round(i, rank, float(t[0]), int(p[0]), baseline)
+    return _summary(t0, baseline)
 
 
 def _sync_rounds(rank: int, size: int, new_port: bool) -> dict[str, Any]:
-    baseline = None
-    t0 = time.monotonic()
+    baseline, t0 = None, time.monotonic()
     for i in range(ROUNDS):
         sdist.init_process_group("gloo", "env://", timeout=30, group_name=f"round-{i}")
         t = np.array([rank + 1.0 + i])
         sdist.all_reduce(t)
-        port = 0
+        p = np.array([free_port() if rank == 0 and new_port else 0], np.int64)
         if new_port:
-            p = np.array([free_port() if rank == 0 else 0], np.int64)
             sdist.broadcast(p, 0)
-            port = int(p[0])
-        if rank == 0 and i % 2:
-            time.sleep(LAG)
+        time.sleep(_lag(rank, i))
         sdist.destroy_process_group()
-        if new_port:
-            os.environ["MASTER_PORT"] = str(port)
-        _check_round(i, rank, float(t[0]), baseline)
-        if i == 0:
-            baseline = _usage()
-    assert baseline is not None
-    return {"seconds": time.monotonic() - t0, "rss_round0": baseline[2], "rss_end": _usage()[2]}
+        baseline = _end_round(i, rank, float(t[0]), int(p[0]), baseline)
+    return _summary(t0, baseline)
 
 
 @pytest.mark.parametrize("face", ["async", "sync"])

@@ -93,7 +93,11 @@ def squatter(request: pytest.FixtureRequest) -> Iterator[Squatter]:
         s.close()
 
 
-async def _init_against_squatter(rank: int, size: int) -> tuple[str, str, float]:
+async def _init_outcome(
+    rank: int, size: int, env: dict[int, dict[str, str]] | None = None
+) -> tuple[str, str, float]:
+    """Try to join (with ``env[rank]`` added to the environment): (error class, message, seconds)."""
+    os.environ.update((env or {}).get(rank, {}))
     t0 = time.monotonic()
     try:
         await dist.init_process_group("tcp", "env://", timeout=LONG)
@@ -105,7 +109,7 @@ async def _init_against_squatter(rank: int, size: int) -> tuple[str, str, float]
 
 @pytest.mark.parametrize("squatter", ["silent", "garbage"], indirect=True)
 def test_a_program_on_the_master_port_fails_every_rank_fast(squatter: Squatter) -> None:
-    res = spawn(_init_against_squatter, 2, env={"MASTER_PORT": str(squatter.port)}, timeout=60)
+    res = spawn(_init_outcome, 2, env={"MASTER_PORT": str(squatter.port)}, timeout=60)
     addr = f"127.0.0.1:{squatter.port}"
     for rank, (kind, msg, took) in enumerate(res):
         assert kind == "ForeignStoreError", (rank, kind, msg)
@@ -120,7 +124,7 @@ def test_a_program_on_the_master_port_fails_every_rank_fast(squatter: Squatter) 
 @pytest.mark.parametrize("squatter", ["bound"], indirect=True)
 def test_a_port_bound_but_not_listening_fails_the_host_fast(squatter: Squatter) -> None:
     """The port is taken (here: the local end of a connection) and nobody accepts there."""
-    res = spawn(_init_against_squatter, 1, env={"MASTER_PORT": str(squatter.port)}, timeout=60)
+    res = spawn(_init_outcome, 1, env={"MASTER_PORT": str(squatter.port)}, timeout=60)
     kind, msg, took = res[0]
     assert kind == "DistStoreError", (kind, msg)
     assert f"rank 0 cannot host the store at 127.0.0.1:{squatter.port}" in msg, msg
@@ -188,21 +192,10 @@ def test_another_job_with_the_same_secret_and_group_name_is_named(tmp_path: Path
 
 
 # -- ranks that disagree about the job --------------------------------------------------------
-async def _disagreeing(rank: int, size: int, job: dict[int, dict[str, str]]) -> tuple[str, float]:
-    os.environ.update(job[rank])
-    t0 = time.monotonic()
-    try:
-        await dist.init_process_group("tcp", "env://", timeout=LONG)
-    except dist.DistError as exc:
-        return str(exc), time.monotonic() - t0
-    await dist.destroy_process_group()
-    return "no error", time.monotonic() - t0
-
-
 def test_world_size_disagreement_is_named_on_every_rank() -> None:
     job = {0: {"WORLD_SIZE": "2"}, 1: {"WORLD_SIZE": "3"}}
-    res = spawn(_disagreeing, 2, args=(job,), timeout=60)
-    for msg, took in res:
+    res = spawn(_init_outcome, 2, args=(job,), timeout=60)
+    for _, msg, took in res:
         assert re.search(
             r"rank 1 says world_size 3, rank 0 says 2|rank 0 says world_size 2, rank 1 says 3", msg
         ), msg
@@ -219,22 +212,27 @@ def _node(rank: int, world_size: int, node: int, local_rank: int, per_node: int)
     }
 
 
-def test_nodes_with_different_nproc_per_node_are_told_apart() -> None:
+NODE_CASES = {
     # As two launchers set them: node 0 with --nproc-per-node 2, node 1 with 1 (--nnodes 2 both).
-    job = {0: _node(0, 4, 0, 0, 2), 1: _node(1, 4, 0, 1, 2), 2: _node(1, 2, 1, 0, 1)}
-    res = spawn(_disagreeing, 3, args=(job,), timeout=60)
-    for msg, took in res:
-        assert "the nodes disagree: node 0 runs 2 processes per node, node 1 runs 1" in msg, msg
-        assert "--nproc-per-node" in msg and took < 10, (msg, took)
-
-
-def test_two_nodes_with_one_node_rank_are_told_apart() -> None:
+    "nproc-per-node": (
+        {0: _node(0, 4, 0, 0, 2), 1: _node(1, 4, 0, 1, 2), 2: _node(1, 2, 1, 0, 1)},
+        ["the nodes disagree: node 0 runs 2 processes per node, node 1 runs 1", "--nproc-per-node"],
+    ),
     # --nnodes 3, node 1 started twice, node 2 not yet: both claimants of rank 1 must meet.
-    job = {0: _node(0, 3, 0, 0, 1), 1: _node(1, 3, 1, 0, 1), 2: _node(1, 3, 1, 0, 1)}
-    res = spawn(_disagreeing, 3, args=(job,), timeout=60)
-    for msg, took in res:
-        assert "two processes claim rank 1: pid" in msg, msg
-        assert "two nodes were started with --node-rank 1" in msg and took < 10, (msg, took)
+    "node-rank": (
+        {0: _node(0, 3, 0, 0, 1), 1: _node(1, 3, 1, 0, 1), 2: _node(1, 3, 1, 0, 1)},
+        ["two processes claim rank 1: pid", "two nodes were started with --node-rank 1"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(NODE_CASES))
+def test_nodes_that_disagree_are_told_apart(case: str) -> None:
+    job, expected = NODE_CASES[case]
+    res = spawn(_init_outcome, 3, args=(job,), timeout=60)
+    for _, msg, took in res:
+        assert all(e in msg for e in expected), msg
+        assert took < 10, took
 
 
 # -- progress while a rendezvous waits ---------------------------------------------------------
@@ -341,17 +339,8 @@ def test_a_job_listens_on_the_named_interface(var: str) -> None:
     assert spawn(_listen_on, 2, env={var: "lo"}) == [("127.0.0.1", 2.0)] * 2
 
 
-async def _bad_interface(rank: int, size: int) -> tuple[str, str, float]:
-    t0 = time.monotonic()
-    try:
-        await dist.init_process_group("tcp", "env://", timeout=LONG)
-    except dist.DistError as exc:
-        return type(exc).__name__, str(exc), time.monotonic() - t0
-    return "no error", "", 0.0
-
-
 def test_an_unknown_interface_fails_the_job_fast() -> None:
-    res = spawn(_bad_interface, 2, env={"AIODIST_HOST": "eth9"}, timeout=60)
+    res = spawn(_init_outcome, 2, env={"AIODIST_HOST": "eth9"}, timeout=60)
     for kind, msg, took in res:
         assert kind in ("DistValueError", "DistError"), (kind, msg)
         assert "AIODIST_HOST=eth9" in msg and "lo" in msg, msg

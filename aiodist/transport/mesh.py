@@ -246,10 +246,9 @@ async def connect_mesh(
     deadline = _Deadline(timeout)
     seen = _Seen()
     unconnected = set(range(world_size)) - {rank}
-    report = _progress_report(rank, world_size, deadline, seen, unconnected)
-    async with every(report):
+    async with every(_progress_report(rank, world_size, deadline, seen, unconnected)):
         return await _connect_mesh(
-            store, rank, world_size, group_name, secret, host, deadline, seen, unconnected
+            store, rank, world_size, (group_name, secret, host), deadline, seen, unconnected
         )
 
 
@@ -300,13 +299,12 @@ async def _connect_mesh(
     store: Store,
     rank: int,
     world_size: int,
-    group_name: str,
-    secret: bytes | None,
-    host: str,
+    how: tuple[str, bytes | None, str],  # group name, secret, host to listen on
     deadline: _Deadline,
     seen: _Seen,
     unconnected: set[int],
 ) -> TcpTransport:
+    group_name, secret, host = how
     if rank == 0:
         await store.set("job", secrets.token_hex(8))
     try:
