@@ -66,6 +66,7 @@ class World:
 
 
 _world: World | None = None
+_generation = 0  # how many times this process has initialised; keys each init's store use apart
 _warned_insecure = False
 
 
@@ -116,7 +117,7 @@ async def init_process_group(
         DistTimeoutError: a rank did not arrive in time (the message names the missing ranks).
         DistValueError: bad arguments, a duplicate rank, or the group is already initialised.
     """
-    global _world
+    global _world, _generation
     if _world is not None:
         raise DistValueError("trying to initialize the default process group twice")
     name = (backend or "tcp").lower()
@@ -131,15 +132,18 @@ async def init_process_group(
     loop = asyncio.get_running_loop()
     _busy_poll.for_loop(loop)  # reads AIODIST_BUSY_POLL_US: a bad value fails here, before any rendezvous
     deadline = loop.time() + seconds
+    generation: int | None = None
     secret = secret_from_env()
-    left = seconds
     while True:
+        left = seconds if generation is None else max(deadline - loop.time(), 0.001)
         rdv = await resolve_rendezvous(
             init_method, rank=rank, world_size=world_size, timeout=left, store=store
         )
+        if generation is None:
+            _generation += 1
+            generation = _generation
+        job_store: Store = PrefixStore(f"aiodist/{group_name}/{generation}", rdv.store)
         try:
-            epoch = await _init_epoch(rdv.store, group_name, rdv.rank, rdv.world_size)
-            job_store: Store = PrefixStore(f"aiodist/{group_name}/{epoch}", rdv.store)
             my_rank, host, transport = await _join(rdv, job_store, group_name, secret, left)
             if rdv.owns_store:
                 rdv.store.set_timeout(seconds)  # later store calls get the job's timeout, not what was left
@@ -153,7 +157,6 @@ async def init_process_group(
             if deadline - loop.time() < max(1.0, 0.2 * seconds):
                 raise
             log.info("aiodist: %s; joining the rendezvous again", exc)
-            left = max(deadline - loop.time(), 0.001)
         except BaseException as exc:
             if rdv.owns_store:
                 if isinstance(exc, DistError) and not isinstance(exc, DistTimeoutError):
@@ -180,21 +183,6 @@ async def init_process_group(
     _world = w
     _leave_at_exit(loop)
     log.debug("aiodist: rank %d of %d initialised (pid %d)", my_rank, rdv.world_size, os.getpid())
-
-
-async def _init_epoch(store: Store, group_name: str, rank: int, world_size: int) -> int:
-    """Which init of the job this is, as ``store`` counts it: every rank's namespace in it.
-
-    Counted in the store, per rank (the n-th init of rank r that reached this store), not per
-    process: a fresh store starts every rank at 1, so a replacement process meets survivors
-    that have initialised before; a store that outlives inits (the user's own, or another
-    job's at a shared address) still keeps each init's keys apart. Ranks assigned on arrival
-    count arrivals, ``world_size`` to an init.
-    """
-    base = f"aiodist/{group_name}"
-    if rank >= 0:
-        return await store.add(f"{base}/inits/{rank}", 1)
-    return (await store.add(f"{base}/inits/auto", 1) - 1) // max(world_size, 1) + 1
 
 
 async def _join(

@@ -15,7 +15,6 @@ import os
 import resource
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -106,27 +105,3 @@ def test_fifty_rounds_of_destroy_and_init(face: str, port: str) -> None:
         # memory roughly bounded: 50 rounds add less than 64 MiB of peak RSS to round 0's
         assert r["rss_end"] - r["rss_round0"] < 64 << 10, r
     print(f"{face}, {port}: {max(r['seconds'] for r in res):.1f} s for {ROUNDS} rounds")
-
-
-async def _replacement(rank: int, size: int, out: str) -> list[float]:
-    """Process 0 is rank 0 twice; process 1 is rank 1 once, then process 2 takes rank 1 over."""
-    os.environ["WORLD_SIZE"] = "2"
-    first_done = Path(out, "first-done")
-    if rank == 2:
-        while not first_done.exists():
-            await asyncio.sleep(0.02)
-        os.environ["RANK"] = "1"  # a fresh process, in its first init, joins a rank 0 in its second
-    results = []
-    for i in range(2 if rank == 0 else 1):
-        await dist.init_process_group("tcp", "env://", timeout=30)
-        t = np.array([1.0 + i])  # round 2: 2.0 (rank 0) + 1.0 (the replacement, in its round 1)
-        await dist.all_reduce(t)
-        results.append(float(t[0]))
-        await dist.destroy_process_group()
-        if rank == 1:
-            first_done.touch()
-    return results
-
-
-def test_a_replacement_process_joins_ranks_that_initialised_before(tmp_path: Path) -> None:
-    assert spawn(_replacement, 3, args=(str(tmp_path),), timeout=60) == [[2.0, 3.0], [2.0], [3.0]]
