@@ -22,7 +22,7 @@ from aiodist.rendezvous import Rendezvous, is_loopback, local_address_towards, r
 from aiodist.store import PrefixStore, Store, TCPStore
 from aiodist.store.base import StoreShutDownError
 from aiodist.transport.base import Transport
-from aiodist.transport.mesh import claim_rank, connect_mesh
+from aiodist.transport.mesh import claim_rank, connect_mesh, namespace
 from aiodist.wire.handshake import secret_from_env
 
 __all__ = [
@@ -66,7 +66,8 @@ class World:
 
 
 _world: World | None = None
-_generation = 0  # how many times this process has initialised; keys each init's store use apart
+# The store namespace this process last used at each store address (see mesh.namespace).
+_last_namespace: dict[str, str] = {}
 _warned_insecure = False
 
 
@@ -117,7 +118,7 @@ async def init_process_group(
         DistTimeoutError: a rank did not arrive in time (the message names the missing ranks).
         DistValueError: bad arguments, a duplicate rank, or the group is already initialised.
     """
-    global _world, _generation
+    global _world
     if _world is not None:
         raise DistValueError("trying to initialize the default process group twice")
     name = (backend or "tcp").lower()
@@ -132,18 +133,14 @@ async def init_process_group(
     loop = asyncio.get_running_loop()
     _busy_poll.for_loop(loop)  # reads AIODIST_BUSY_POLL_US: a bad value fails here, before any rendezvous
     deadline = loop.time() + seconds
-    generation: int | None = None
     secret = secret_from_env()
+    left = seconds
     while True:
-        left = seconds if generation is None else max(deadline - loop.time(), 0.001)
         rdv = await resolve_rendezvous(
             init_method, rank=rank, world_size=world_size, timeout=left, store=store
         )
-        if generation is None:
-            _generation += 1
-            generation = _generation
-        job_store: Store = PrefixStore(f"aiodist/{group_name}/{generation}", rdv.store)
         try:
+            job_store: Store = await _job_store(rdv, group_name, left)
             my_rank, host, transport = await _join(rdv, job_store, group_name, secret, left)
             if rdv.owns_store:
                 rdv.store.set_timeout(seconds)  # later store calls get the job's timeout, not what was left
@@ -157,6 +154,7 @@ async def init_process_group(
             if deadline - loop.time() < max(1.0, 0.2 * seconds):
                 raise
             log.info("aiodist: %s; joining the rendezvous again", exc)
+            left = max(deadline - loop.time(), 0.001)
         except BaseException as exc:
             if rdv.owns_store:
                 if isinstance(exc, DistError) and not isinstance(exc, DistTimeoutError):
@@ -183,6 +181,37 @@ async def init_process_group(
     _world = w
     _leave_at_exit(loop)
     log.debug("aiodist: rank %d of %d initialised (pid %d)", my_rank, rdv.world_size, os.getpid())
+
+
+async def _job_store(rdv: Rendezvous, group_name: str, timeout: float) -> Store:
+    """This init's namespace in the rendezvous store (remembered per store address)."""
+    st = rdv.store
+    if isinstance(st, TCPStore):
+        where = f"tcp {st.host}:{st.port} {group_name}"
+    else:
+        where = f"{type(st).__name__} {getattr(st, 'path', id(st))} {group_name}"
+    fresh = rdv.owns_store and isinstance(st, TCPStore) and st.server is not None
+    if rdv.rank == 0 and rdv.owns_store and isinstance(st, TCPStore) and not fresh:
+        # Rank 0 found its port held by an aiodist store that accepts our secret (jobs with
+        # different group names may share one address): is our group name free there?
+        key = f"aiodist/{group_name}/namespace"
+        if await st.check([key]) and (await st.get(key)).decode() != _last_namespace.get(where):
+            raise DistValueError(
+                f"rendezvous failed: rank 0 found {st.host}:{st.port} held by another aiodist job's store "
+                f"(same AIODIST_SECRET) with a rendezvous under the same group name {group_name!r}: "
+                "choose another port, or another group_name"
+            )
+    name = await namespace(
+        st,
+        group_name,
+        rdv.rank,
+        rdv.world_size,
+        fresh=fresh,
+        last=_last_namespace.get(where),
+        timeout=timeout,
+    )
+    _last_namespace[where] = name
+    return PrefixStore(name, st)
 
 
 async def _join(

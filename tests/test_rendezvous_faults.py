@@ -185,9 +185,8 @@ def test_another_job_with_the_same_secret_and_group_name_is_named(tmp_path: Path
     res = spawn(_two_secrets, 4, args=(port, str(tmp_path), True), timeout=60)
     assert res[:2] == [2.0, 2.0]  # job A never noticed
     for kind, msg, took in res[2:]:
-        assert kind in ("DistValueError", "DistError") and "two processes claim rank" in msg, msg
-        assert f"the rendezvous at 127.0.0.1:{port} had already completed with every rank" in msg, msg
-        assert "another job with the same group name (and AIODIST_SECRET) uses that address" in msg, msg
+        assert kind in ("DistValueError", "DistError") and f"127.0.0.1:{port}" in msg, msg
+        assert "same group name" in msg and "choose another port, or another group_name" in msg, msg
         assert took < 10, took
 
 

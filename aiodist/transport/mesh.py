@@ -13,6 +13,14 @@ The store protocol (all keys under the job's prefix)::
                           connection from another job (or an earlier init) is refused
     addr/<rank>           host:port where <rank> accepts peers
 
+Which prefix an init uses in the store (``namespace``)::
+
+    aiodist/<group>/namespace     the current init's namespace, set by whoever opens it: the
+                                  process that just created the store (a random token), else
+                                  rank 0 (a count kept in the store); the other ranks read it
+    aiodist/<group>/namespaces    rank 0's count, for stores that outlive an init (the user's own)
+    aiodist/<group>/arrivals      ranks assigned on arrival count arrivals, world_size per init
+
 Rank r connects to every rank below it and accepts every rank above it: one connection
 per pair. Every wait is bounded by the rendezvous deadline and watches the ``error`` key,
 so a broken rendezvous fails everywhere at once instead of timing out.
@@ -36,7 +44,7 @@ from aiodist.store import Store
 from aiodist.store.base import StoreShutDownError
 from aiodist.transport.tcp import TcpTransport
 
-__all__ = ["Identity", "claim_rank", "connect_mesh"]
+__all__ = ["Identity", "claim_rank", "connect_mesh", "namespace"]
 
 log = logging.getLogger("aiodist")
 
@@ -180,6 +188,59 @@ async def _wait(
         except DistTimeoutError:
             if deadline.left() <= 0:
                 raise DistTimeoutError(f"{what} within {deadline.timeout:g} s") from None
+
+
+async def namespace(
+    store: Store,
+    group_name: str,
+    rank: int,
+    world_size: int,
+    *,
+    fresh: bool,
+    last: str | None,
+    timeout: float,
+) -> str:
+    """The key prefix of this init in ``store``, the same on every rank of the init.
+
+    ``fresh``: this process created the store for this init. ``last``: the namespace this
+    process used the previous time it met this store's address (None: never). A rank that
+    is not the opener waits (within ``timeout``) for a namespace other than ``last``: the
+    opener may not have arrived yet, or this may be the previous init's store, about to be
+    shut down (the wait then ends in ``StoreShutDownError``). Two processes claiming one rank
+    read the same namespace, so the claim is caught; a replacement process in its first init
+    joins ranks that initialised before.
+
+    Raises:
+        DistTimeoutError: rank 0 did not open the init's namespace in time.
+    """
+    base = f"aiodist/{group_name}"
+    if rank == -1:  # ranks assigned on arrival: the n-th world_size arrivals are the n-th init
+        return f"{base}/a{(await store.add(f'{base}/arrivals', 1) - 1) // max(world_size, 1) + 1}"
+    if fresh or rank == 0:
+        name = (
+            f"{base}/{secrets.token_hex(6)}"
+            if fresh
+            else f"{base}/n{await store.add(f'{base}/namespaces', 1)}"
+        )
+        await store.set(f"{base}/namespace", name)
+        return name
+    deadline = _Deadline(timeout)
+    while True:
+        try:
+            await store.wait([f"{base}/namespace"], timeout=max(deadline.left(), 0.001))
+        except DistTimeoutError:
+            raise DistTimeoutError(
+                f"rendezvous timed out after {timeout:g} s: missing rank 0 (it opens each init in the store)"
+            ) from None
+        name = (await store.get(f"{base}/namespace")).decode()
+        if name != last:
+            return name
+        if deadline.left() <= 0:
+            raise DistTimeoutError(
+                f"rendezvous timed out after {timeout:g} s: missing rank 0 (the store still holds this "
+                "process's previous init, and rank 0 did not open a new one)"
+            )
+        await asyncio.sleep(_POLL)
 
 
 async def claim_rank(
