@@ -1,13 +1,13 @@
 """Recovery by destroy + init: 50 rounds of init -> all_reduce -> destroy, two ranks as processes.
 
-Two variants, through both faces: the same MASTER_PORT every round with a new group name
-each round (a rank may reach the previous round's store while its host shuts it down: it
-must look for the next one), and a new MASTER_PORT in ``os.environ`` before every re-init
-(rank 0 must host the store on the new port). Every other round rank 0 leaves late, so rank 1
-surely meets the old store. Every result is checked; file descriptors and
-threads are back to their baseline after every round, and memory stays bounded.
+Three variants, through both faces: the same MASTER_PORT every round, with a new group name
+each round or the same one (a rank may reach the previous round's store while its host shuts
+it down: it must look for the next one), and a new MASTER_PORT in ``os.environ`` before every
+re-init (rank 0 must host the store on the new port). Every other round rank 0 leaves late, so
+rank 1 surely meets the old store. Every result is checked; file descriptors and threads are
+back to their baseline after every round, and memory stays bounded. Also: a replacement
+process joining a rank that initialised before, and the user's own store kept across inits.
 """
-
 from __future__ import annotations
 
 import asyncio
