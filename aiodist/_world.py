@@ -18,11 +18,17 @@ from aiodist import _busy_poll, _engine, _logging, _loop_thread
 from aiodist._staging import CudaStager, Stager
 from aiodist.errors import DistError, DistTimeoutError, DistTypeError, DistValueError
 from aiodist.group import ProcessGroup
-from aiodist.rendezvous import Rendezvous, is_loopback, local_address_towards, resolve_rendezvous
+from aiodist.rendezvous import (
+    Rendezvous,
+    is_loopback,
+    job_namespace,
+    local_address_towards,
+    resolve_rendezvous,
+)
 from aiodist.store import PrefixStore, Store, TCPStore
 from aiodist.store.base import StoreShutDownError
 from aiodist.transport.base import Transport
-from aiodist.transport.mesh import claim_rank, connect_mesh, namespace
+from aiodist.transport.mesh import claim_rank, connect_mesh
 from aiodist.wire.handshake import secret_from_env
 
 __all__ = [
@@ -66,8 +72,6 @@ class World:
 
 
 _world: World | None = None
-# The store namespace this process last used at each store address (see mesh.namespace).
-_last_namespace: dict[str, str] = {}
 _warned_insecure = False
 
 
@@ -140,7 +144,7 @@ async def init_process_group(
             init_method, rank=rank, world_size=world_size, timeout=left, store=store
         )
         try:
-            job_store: Store = await _job_store(rdv, group_name, left)
+            job_store: Store = await job_namespace(rdv, group_name, left)
             my_rank, host, transport = await _join(rdv, job_store, group_name, secret, left)
             if rdv.owns_store:
                 rdv.store.set_timeout(seconds)  # later store calls get the job's timeout, not what was left
@@ -183,47 +187,15 @@ async def init_process_group(
     log.debug("aiodist: rank %d of %d initialised (pid %d)", my_rank, rdv.world_size, os.getpid())
 
 
-async def _job_store(rdv: Rendezvous, group_name: str, timeout: float) -> Store:
-    """This init's namespace in the rendezvous store (remembered per store address)."""
-    st = rdv.store
-    if isinstance(st, TCPStore):
-        where = f"tcp {st.host}:{st.port} {group_name}"
-    else:
-        where = f"{type(st).__name__} {getattr(st, 'path', id(st))} {group_name}"
-    fresh = rdv.owns_store and isinstance(st, TCPStore) and st.server is not None
-    if rdv.rank == 0 and rdv.owns_store and isinstance(st, TCPStore) and not fresh:
-        # Rank 0 found its port held by an aiodist store that accepts our secret (jobs with
-        # different group names may share one address): is our group name free there?
-        key = f"aiodist/{group_name}/namespace"
-        if await st.check([key]) and (await st.get(key)).decode() != _last_namespace.get(where):
-            raise DistValueError(
-                f"rendezvous failed: rank 0 found {st.host}:{st.port} held by another aiodist job's store "
-                f"(same AIODIST_SECRET) with a rendezvous under the same group name {group_name!r}: "
-                "choose another port, or another group_name"
-            )
-    name = await namespace(
-        st,
-        group_name,
-        rdv.rank,
-        rdv.world_size,
-        fresh=fresh,
-        last=_last_namespace.get(where),
-        timeout=timeout,
-    )
-    _last_namespace[where] = name
-    return PrefixStore(name, st)
-
-
 async def _join(
     rdv: Rendezvous, job_store: Store, group_name: str, secret: bytes | None, timeout: float
 ) -> tuple[int, str, Transport]:
     """Claim this process's rank in ``job_store`` and connect every peer: (rank, host, transport)."""
     global _warned_insecure
     st = rdv.store
-    hosts = isinstance(st, TCPStore) and st.server is not None
     addr = f"{st.host}:{st.port}" if isinstance(st, TCPStore) else None
     host = local_address_towards(rdv.master_addr or "127.0.0.1")  # a bad AIODIST_HOST fails before the claim
-    my_rank = await claim_rank(job_store, rdv.rank, rdv.world_size, hosts_store=hosts, addr=addr)
+    my_rank = await claim_rank(job_store, rdv.rank, rdv.world_size, addr=addr)
     if secret is None and not is_loopback(host) and not _warned_insecure:
         _warned_insecure = True
         log.warning(

@@ -25,16 +25,20 @@ from urllib.parse import parse_qs, urlparse
 
 from aiodist._progress import every
 from aiodist.errors import DistStoreError, DistValueError
-from aiodist.store import FileStore, Store, TCPStore
+from aiodist.store import FileStore, PrefixStore, Store, TCPStore
 from aiodist.store.base import PORT_ADVICE, ForeignStoreError
+from aiodist.transport.mesh import namespace
 
 log = logging.getLogger("aiodist")
+
+# The store namespace this process last used at each store address (see ``job_namespace``).
+_last_namespace: dict[str, str] = {}
 
 # How long a would-be store host whose port is taken tries to reach whatever holds it, to tell
 # a store it may join (another job sharing the address) from another program.
 PROBE_SECONDS = 5.0
 
-__all__ = ["Rendezvous", "local_address_towards", "resolve_rendezvous"]
+__all__ = ["Rendezvous", "job_namespace", "local_address_towards", "resolve_rendezvous"]
 
 
 @dataclass
@@ -357,6 +361,45 @@ async def resolve_rendezvous(
     raise DistValueError(
         f"init_method {init_method!r}: unknown scheme {url.scheme!r} (use env://, tcp:// or file://)"
     )
+
+
+async def job_namespace(rdv: Rendezvous, group_name: str, timeout: float) -> Store:
+    """This init's namespace in the rendezvous store, as a ``PrefixStore`` (see ``mesh.namespace``).
+
+    Remembers, per store address, the namespace this process used, so that a rank meeting the
+    previous init's store waits for the next init instead of joining the old one.
+
+    Raises:
+        DistValueError: rank 0 joined another job's store that already holds ``group_name``.
+        DistTimeoutError: rank 0 did not open the namespace in time.
+    """
+    st = rdv.store
+    if isinstance(st, TCPStore):
+        where = f"tcp {st.host}:{st.port} {group_name}"
+    else:
+        where = f"{type(st).__name__} {getattr(st, 'path', id(st))} {group_name}"
+    fresh = rdv.owns_store and isinstance(st, TCPStore) and st.server is not None
+    if rdv.rank == 0 and rdv.owns_store and isinstance(st, TCPStore) and not fresh:
+        # Rank 0 found its port held by an aiodist store that accepts our secret (jobs with
+        # different group names may share one address): is our group name free there?
+        key = f"aiodist/{group_name}/namespace"
+        if await st.check([key]) and (await st.get(key)).decode() != _last_namespace.get(where):
+            raise DistValueError(
+                f"rendezvous failed: rank 0 found {st.host}:{st.port} held by another aiodist job's store "
+                f"(same AIODIST_SECRET) with a rendezvous under the same group name {group_name!r}: "
+                "choose another port, or another group_name"
+            )
+    name = await namespace(
+        st,
+        group_name,
+        rdv.rank,
+        rdv.world_size,
+        fresh=fresh,
+        last=_last_namespace.get(where),
+        timeout=timeout,
+    )
+    _last_namespace[where] = name
+    return PrefixStore(name, st)
 
 
 def _need_world_size(world_size: int, where: str) -> None:

@@ -8,6 +8,7 @@ rank 1 surely meets the old store. Every result is checked; file descriptors and
 back to their baseline after every round, and memory stays bounded. Also: a replacement
 process joining a rank that initialised before, and the user's own store kept across inits.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -69,10 +69,9 @@ class Identity:
     node: int | None = None  # GROUP_RANK (the launcher's node rank)
     local_rank: int | None = None
     local_world_size: int | None = None  # the launcher's processes per node
-    hosts_store: bool = False
 
     @classmethod
-    def here(cls, rank: int, world_size: int, hosts_store: bool) -> Identity:
+    def here(cls, rank: int, world_size: int) -> Identity:
         return cls(
             rank,
             world_size,
@@ -81,7 +80,6 @@ class Identity:
             _env_int("GROUP_RANK"),
             _env_int("LOCAL_RANK"),
             _env_int("LOCAL_WORLD_SIZE"),
-            hosts_store,
         )
 
     def encode(self) -> str:
@@ -243,15 +241,13 @@ async def namespace(
         await asyncio.sleep(_POLL)
 
 
-async def claim_rank(
-    store: Store, rank: int, world_size: int, *, hosts_store: bool = False, addr: str | None = None
-) -> int:
+async def claim_rank(store: Store, rank: int, world_size: int, *, addr: str | None = None) -> int:
     """Take ``rank`` (or the next free one when -1); fail fast, on every rank, if the job is inconsistent.
 
     The first arrival records its world size; a later rank that says another one fails the
     rendezvous naming both ("rank 1 says world_size 3, rank 0 says 2"), as does a second claim
     of a rank (naming both processes, and where launcher variables show it, how the nodes
-    disagree). ``hosts_store`` and ``addr`` (the store's address) only sharpen those messages.
+    disagree). ``addr`` (the store's address) only sharpens those messages.
 
     Raises:
         DistValueError: the disagreement (also published for the other ranks), or a rank out of range.
@@ -261,7 +257,7 @@ async def claim_rank(
     auto = rank == -1
     if auto:
         rank = await store.add("rank_counter", 1) - 1
-    me = Identity.here(rank, world_size, hosts_store)
+    me = Identity.here(rank, world_size)
     first = Identity.decode(await store.compare_set("world_size", "", me.encode()))
     if first is not None and first.world_size != world_size:
         raise await _fail(store, world_size_disagreement(first, me))
