@@ -15,12 +15,19 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiodist import _busy_poll, _engine, _loop_thread
+from aiodist import _busy_poll, _engine, _logging, _loop_thread
 from aiodist._staging import CudaStager, Stager
 from aiodist.errors import DistError, DistTimeoutError, DistTypeError, DistValueError
 from aiodist.group import ProcessGroup
-from aiodist.rendezvous import is_loopback, local_address_towards, resolve_rendezvous
-from aiodist.store import PrefixStore, Store
+from aiodist.rendezvous import (
+    Rendezvous,
+    is_loopback,
+    job_namespace,
+    local_address_towards,
+    resolve_rendezvous,
+)
+from aiodist.store import PrefixStore, Store, TCPStore
+from aiodist.store.base import StoreShutDownError
 from aiodist.transport.base import Transport, exit_goodbye
 from aiodist.transport.mesh import claim_rank, connect_mesh
 from aiodist.wire.handshake import secret_from_env
@@ -66,7 +73,6 @@ class World:
 
 
 _world: World | None = None
-_generation = 0  # how many times this process has initialised; keys each init's store use apart
 _warned_insecure = False
 
 
@@ -117,7 +123,7 @@ async def init_process_group(
         DistTimeoutError: a rank did not arrive in time (the message names the missing ranks).
         DistValueError: bad arguments, a duplicate rank, or the group is already initialised.
     """
-    global _world, _generation, _warned_insecure
+    global _world
     if _world is not None:
         raise DistValueError("trying to initialize the default process group twice")
     name = (backend or "tcp").lower()
@@ -126,41 +132,42 @@ async def init_process_group(
     engine = None if BACKENDS[name] == "tcp" else BACKENDS[name]
     if engine is not None:
         _engine.check_available(engine)
+    _logging.configure_from_env()
     device = _device(device_id, engine)
     seconds = _seconds(timeout)
     loop = asyncio.get_running_loop()
     _busy_poll.for_loop(loop)  # reads AIODIST_BUSY_POLL_US: a bad value fails here, before any rendezvous
-    rdv = await resolve_rendezvous(
-        init_method, rank=rank, world_size=world_size, timeout=seconds, store=store
-    )
-    _generation += 1
-    job_store: Store = PrefixStore(f"aiodist/{group_name}/{_generation}", rdv.store)
+    deadline = loop.time() + seconds
     secret = secret_from_env()
-    try:
-        my_rank = await claim_rank(job_store, rdv.rank, rdv.world_size)
-        host = local_address_towards(rdv.master_addr or "127.0.0.1")
-        if secret is None and not is_loopback(host) and not _warned_insecure:
-            _warned_insecure = True
-            log.warning(
-                "aiodist: no AIODIST_SECRET set and peers listen on %s: anyone who reaches it can join", host
-            )
-        transport = await connect_mesh(
-            job_store,
-            my_rank,
-            rdv.world_size,
-            group_name=group_name,
-            secret=secret,
-            host=host,
-            timeout=seconds,
+    left = seconds
+    while True:
+        rdv = await resolve_rendezvous(
+            init_method, rank=rank, world_size=world_size, timeout=left, store=store
         )
-    except BaseException as exc:
-        if rdv.owns_store:
-            if isinstance(exc, DistError) and not isinstance(exc, DistTimeoutError):
-                # We may host the store: keep it up a moment so the other ranks can read why
-                # the rendezvous failed instead of finding the store gone.
-                await asyncio.sleep(min(1.0, seconds))
+        try:
+            job_store: Store = await job_namespace(rdv, group_name, left)
+            my_rank, host, transport = await _join(rdv, job_store, group_name, secret, left)
+            if rdv.owns_store:
+                rdv.store.set_timeout(seconds)  # later store calls get the job's timeout, not what was left
+            break
+        except StoreShutDownError as exc:
+            # We reached a store whose host was shutting it down (a previous init's store, at
+            # the same address): look for the next one at that address, within the timeout.
+            if not rdv.owns_store:
+                raise
             await rdv.store.aclose()
-        raise
+            if deadline - loop.time() < max(1.0, 0.2 * seconds):
+                raise
+            log.info("aiodist: %s; joining the rendezvous again", exc)
+            left = max(deadline - loop.time(), 0.001)
+        except BaseException as exc:
+            if rdv.owns_store:
+                if isinstance(exc, DistError) and not isinstance(exc, DistTimeoutError):
+                    # We may host the store: keep it up a moment so the other ranks can read why
+                    # the rendezvous failed instead of finding the store gone.
+                    await asyncio.sleep(min(1.0, seconds))
+                await rdv.store.aclose()
+            raise
     label = engine or "tcp"
     group = ProcessGroup(
         transport, range(rdv.world_size), 0, timeout=seconds, backend=label, name="default group"
@@ -179,6 +186,32 @@ async def init_process_group(
     _world = w
     _leave_at_exit(loop)
     log.debug("aiodist: rank %d of %d initialised (pid %d)", my_rank, rdv.world_size, os.getpid())
+
+
+async def _join(
+    rdv: Rendezvous, job_store: Store, group_name: str, secret: bytes | None, timeout: float
+) -> tuple[int, str, Transport]:
+    """Claim this process's rank in ``job_store`` and connect every peer: (rank, host, transport)."""
+    global _warned_insecure
+    st = rdv.store
+    addr = f"{st.host}:{st.port}" if isinstance(st, TCPStore) else None
+    host = local_address_towards(rdv.master_addr or "127.0.0.1")  # a bad AIODIST_HOST fails before the claim
+    my_rank = await claim_rank(job_store, rdv.rank, rdv.world_size, addr=addr)
+    if secret is None and not is_loopback(host) and not _warned_insecure:
+        _warned_insecure = True
+        log.warning(
+            "aiodist: no AIODIST_SECRET set and peers listen on %s: anyone who reaches it can join", host
+        )
+    transport = await connect_mesh(
+        job_store,
+        my_rank,
+        rdv.world_size,
+        group_name=group_name,
+        secret=secret,
+        host=host,
+        timeout=timeout,
+    )
+    return my_rank, host, transport
 
 
 def _device(device_id: Any, engine: str | None) -> Any:

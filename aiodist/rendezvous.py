@@ -14,16 +14,31 @@ Forms understood (torch's, plus the variables of other launchers):
 from __future__ import annotations
 
 import errno
+import fcntl
 import ipaddress
+import logging
 import os
 import socket
+import struct
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlparse
 
+from aiodist._progress import every
 from aiodist.errors import DistStoreError, DistValueError
-from aiodist.store import FileStore, Store, TCPStore
+from aiodist.store import FileStore, PrefixStore, Store, TCPStore
+from aiodist.store.base import PORT_ADVICE, ForeignStoreError
+from aiodist.transport.mesh import namespace
 
-__all__ = ["Rendezvous", "local_address_towards", "resolve_rendezvous"]
+log = logging.getLogger("aiodist")
+
+# The store namespace this process last used at each store address (see ``job_namespace``).
+_last_namespace: dict[str, str] = {}
+
+# How long a would-be store host whose port is taken tries to reach whatever holds it, to tell
+# a store it may join (another job sharing the address) from another program.
+PROBE_SECONDS = 5.0
+
+__all__ = ["Rendezvous", "job_namespace", "local_address_towards", "resolve_rendezvous"]
 
 
 @dataclass
@@ -74,12 +89,72 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def interface_names() -> list[str]:
+    return [name for _, name in socket.if_nameindex()]
+
+
+_SIOCGIFADDR = 0x8915  # Linux: the IPv4 address of an interface
+
+
+def interface_address(name: str, where: str) -> str:
+    """The IPv4 address of network interface ``name`` (``where`` names the setting, for errors).
+
+    Raises:
+        DistValueError: no such interface (the message lists them), or it has no IPv4 address.
+    """
+    names = interface_names()
+    if name not in names:
+        raise DistValueError(
+            f"{where}: this machine has no network interface {name!r} (it has: {', '.join(names)}); "
+            "give an interface name or an IP address of this machine"
+        )
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+    except OSError as exc:
+        raise DistValueError(
+            f"{where}: network interface {name!r} has no IPv4 address ({exc.strerror})"
+        ) from None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def _listen_override() -> str | None:
+    """``AIODIST_HOST`` (an address, a host name or an interface name), else ``GLOO_SOCKET_IFNAME``."""
+    value = os.environ.get("AIODIST_HOST", "").strip()
+    if value:
+        try:
+            ipaddress.ip_address(value)
+            return value
+        except ValueError:
+            pass
+        if value in interface_names():
+            return interface_address(value, f"AIODIST_HOST={value}")
+        try:
+            socket.getaddrinfo(value, None, socket.AF_INET)
+        except (socket.gaierror, UnicodeError):
+            raise DistValueError(
+                f"AIODIST_HOST={value}: neither an IP address, a network interface of this machine "
+                f"({', '.join(interface_names())}) nor a host name that resolves"
+            ) from None
+        return value
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME", "").strip()
+    if ifname:
+        # gloo accepts a comma-separated list (one device each); aiodist listens on one address.
+        first = ifname.split(",")[0].strip()
+        return interface_address(first, f"GLOO_SOCKET_IFNAME={ifname}")
+    return None
+
+
 def local_address_towards(host: str) -> str:
     """The address of this machine's interface that routes to ``host`` (loopback stays loopback).
 
-    ``AIODIST_HOST`` overrides it (multi-homed machines).
+    ``AIODIST_HOST`` (an address, host name or interface name such as ``eth0``) overrides it,
+    else ``GLOO_SOCKET_IFNAME`` (an interface name, as gloo reads it).
+
+    Raises:
+        DistValueError: an interface named there does not exist or has no IPv4 address.
     """
-    override = os.environ.get("AIODIST_HOST")
+    override = _listen_override()
     if override:
         return override
     if is_loopback(host):
@@ -102,26 +177,111 @@ def _port(value: str | int | None, where: str) -> int:
     return port
 
 
+def _addr(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 async def _tcp_store(host: str, port: int, world_size: int, rank: int, timeout: float) -> Store:
     """Rank 0 (or a process whose rank is yet unknown) hosts the store; others connect.
 
-    A would-be host that finds the port taken joins as a client: that is how several jobs
-    with different group names share one address. Either way the store (server or client)
-    is this process's to close on destroy.
+    A would-be host that finds the port taken probes what holds it (``PROBE_SECONDS`` at most):
+    an aiodist store that accepts our secret is joined as a client (that is how several jobs
+    with different group names share one address); anything else is an error naming the
+    address. Either way the store (server or client) is this process's to close on destroy.
     """
+    size = world_size if world_size > 0 else None
+    addr = _addr(host, port)
+    who = "a process" if rank == -1 else f"rank {rank}"
     if rank in (0, -1):
-        master = TCPStore(host, port, world_size if world_size > 0 else None, is_master=True, timeout=timeout)
+        master = TCPStore(host, port, size, is_master=True, timeout=timeout)
         try:
             await master.start()
+            log.info("aiodist: %s hosts the store at %s", who, addr)
             return master
         except (DistStoreError, OSError) as exc:
             cause = exc.__cause__ if isinstance(exc, DistStoreError) else exc
-            if not (isinstance(cause, OSError) and cause.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL)):
-                raise
+            code = cause.errno if isinstance(cause, OSError) else None
             await master.aclose()
-    client = TCPStore(host, port, world_size if world_size > 0 else None, is_master=False, timeout=timeout)
-    await client.start()
+            if code == errno.EADDRINUSE:
+                return await _join_taken_port(host, port, size, rank, timeout, exc)
+            if code != errno.EADDRNOTAVAIL:
+                raise
+            if rank == 0:
+                raise DistStoreError(
+                    f"rank 0 cannot host the store at {addr}: {host} is not an address of this machine "
+                    "(rank 0 hosts the store at MASTER_ADDR: run rank 0 on that host, or set MASTER_ADDR "
+                    "to one of its addresses)"
+                ) from exc
+            # rank -1 on another host than MASTER_ADDR: another process hosts the store there.
+    client = TCPStore(host, port, size, is_master=False, timeout=timeout)
+    try:
+        async with every(lambda waited: _log_store_wait(who, addr, waited, client)):
+            await client.start()
+    except ForeignStoreError as exc:
+        raise _in_use_error(who, "join", exc) from None
+    log.info("aiodist: %s joined the store at %s", who, addr)
     return client
+
+
+async def _join_taken_port(
+    host: str, port: int, size: int | None, rank: int, timeout: float, cause: BaseException
+) -> Store:
+    """The would-be host's port is taken: join what holds it if it is an aiodist store of ours."""
+    addr = _addr(host, port)
+    who = "a process" if rank == -1 else f"rank {rank}"
+    probe = TCPStore(host, port, size, is_master=False, timeout=min(timeout, PROBE_SECONDS))
+    try:
+        await probe.start()
+    except ForeignStoreError as exc:
+        raise _in_use_error(who, "host", exc) from None
+    except DistStoreError as exc:
+        raise DistStoreError(
+            f"{who} cannot host the store at {addr}: the address is already in use by another program "
+            f"(binding it failed, and nothing there accepted a connection within {min(timeout, PROBE_SECONDS):g} s); "
+            f"{PORT_ADVICE}"
+        ) from exc
+    probe.set_timeout(timeout)
+    log.info(
+        "aiodist: %s found %s taken by an aiodist store that accepts this job's secret: joining it "
+        "(jobs sharing one address are kept apart by group_name)",
+        who,
+        addr,
+    )
+    return probe
+
+
+def _in_use_error(who: str, role: str, exc: ForeignStoreError) -> ForeignStoreError:
+    """``exc`` restated from the rendezvous' point of view: who failed, hosting or joining."""
+    verb = "cannot host" if role == "host" else "cannot join"
+    if exc.holder == "program":
+        msg = (
+            f"{who} {verb} the store at {exc.addr}: the address is already in use by another program "
+            f"({exc.why}; not an aiodist store); {PORT_ADVICE}"
+        )
+    elif role == "host":
+        msg = (
+            f"{who} {verb} the store at {exc.addr}: the address is already in use by another aiodist job "
+            f"(its store refused this job's AIODIST_SECRET: a different secret); {PORT_ADVICE}"
+        )
+    else:
+        msg = (
+            f"{who} {verb} the store at {exc.addr}: it refused this process's AIODIST_SECRET (authentication "
+            f"failed). Another aiodist job (with a different AIODIST_SECRET) holds {exc.addr}: then "
+            f"{PORT_ADVICE}; or else this process's AIODIST_SECRET differs from rank 0's"
+        )
+    return ForeignStoreError(msg, addr=exc.addr, holder=exc.holder, why=exc.why)
+
+
+def _log_store_wait(who: str, addr: str, waited: float, client: TCPStore) -> None:
+    last = client.last_connect_error
+    log.warning(
+        "aiodist: %s has waited %.0f s for the store at %s (rank 0 hosts it: is rank 0 running, with the "
+        "same MASTER_ADDR/MASTER_PORT?); last error: %s",
+        who,
+        waited,
+        addr,
+        "none" if last is None else f"{last.__class__.__name__}: {last}",
+    )
 
 
 async def resolve_rendezvous(
@@ -201,6 +361,45 @@ async def resolve_rendezvous(
     raise DistValueError(
         f"init_method {init_method!r}: unknown scheme {url.scheme!r} (use env://, tcp:// or file://)"
     )
+
+
+async def job_namespace(rdv: Rendezvous, group_name: str, timeout: float) -> Store:
+    """This init's namespace in the rendezvous store, as a ``PrefixStore`` (see ``mesh.namespace``).
+
+    Remembers, per store address, the namespace this process used, so that a rank meeting the
+    previous init's store waits for the next init instead of joining the old one.
+
+    Raises:
+        DistValueError: rank 0 joined another job's store that already holds ``group_name``.
+        DistTimeoutError: rank 0 did not open the namespace in time.
+    """
+    st = rdv.store
+    if isinstance(st, TCPStore):
+        where = f"tcp {st.host}:{st.port} {group_name}"
+    else:
+        where = f"{type(st).__name__} {getattr(st, 'path', id(st))} {group_name}"
+    fresh = rdv.owns_store and isinstance(st, TCPStore) and st.server is not None
+    if rdv.rank == 0 and rdv.owns_store and isinstance(st, TCPStore) and not fresh:
+        # Rank 0 found its port held by an aiodist store that accepts our secret (jobs with
+        # different group names may share one address): is our group name free there?
+        key = f"aiodist/{group_name}/namespace"
+        if await st.check([key]) and (await st.get(key)).decode() != _last_namespace.get(where):
+            raise DistValueError(
+                f"rendezvous failed: rank 0 found {st.host}:{st.port} held by another aiodist job's store "
+                f"(same AIODIST_SECRET) with a rendezvous under the same group name {group_name!r}: "
+                "choose another port, or another group_name"
+            )
+    name = await namespace(
+        st,
+        group_name,
+        rdv.rank,
+        rdv.world_size,
+        fresh=fresh,
+        last=_last_namespace.get(where),
+        timeout=timeout,
+    )
+    _last_namespace[where] = name
+    return PrefixStore(name, st)
 
 
 def _need_world_size(world_size: int, where: str) -> None:

@@ -22,7 +22,8 @@ from waits import closed_within, eventually
 
 from aiodist.errors import DistStoreError, DistTimeoutError, DistTypeError, DistValueError
 from aiodist.store import StoreServer, TCPStore
-from aiodist.store.client import _chunks
+from aiodist.store.base import ForeignStoreError, StoreShutDownError
+from aiodist.store.client import SILENCE_VERDICT, _chunks
 from aiodist.store.server import MAX_VALUE_BYTES
 from aiodist.wire.frames import FrameReader, encode_frame
 from aiodist.wire.handshake import make_hello, parse_challenge, verify_welcome
@@ -159,20 +160,52 @@ async def test_client_retries_until_the_server_appears() -> None:
         await client.aclose()
 
 
-async def test_not_a_store_server_is_reported() -> None:
-    async def http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+@pytest.mark.parametrize("behaviour", ["http", "silent", "close-at-once"])
+async def test_a_listener_that_is_not_a_store_is_named_fast(behaviour: str) -> None:
+    held: list[asyncio.StreamWriter] = []
+
+    async def other_program(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if behaviour == "silent":
+            held.append(writer)  # accept and never answer
+            return
+        if behaviour == "http":
+            writer.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
         writer.close()
 
-    server = await asyncio.start_server(http, "127.0.0.1", 0)
+    server = await asyncio.start_server(other_program, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        client = TCPStore("127.0.0.1", port, timeout=0.5, secret=SECRET)
-        with pytest.raises(DistStoreError, match="ProtocolError"):
+        client = TCPStore("127.0.0.1", port, timeout=60, secret=SECRET)
+        t0 = time.monotonic()
+        with pytest.raises(ForeignStoreError) as info:
             await client.start()
+        took = time.monotonic() - t0
+        # seconds, not the 60 s timeout: at once for an answer, SILENCE_VERDICT for silence
+        assert took < (1.0 if behaviour == "http" else SILENCE_VERDICT + 3.0), took
+        assert behaviour == "http" or took >= SILENCE_VERDICT - 0.1, took
+        msg = str(info.value)
+        assert f"127.0.0.1:{port}" in msg and "already in use by another program" in msg, msg
+        assert "--master-port" in msg and info.value.holder == "program", msg
+        assert behaviour != "http" or "HTTP/1.1 400" in msg, msg
     finally:
+        for w in held:
+            w.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_store_shut_down_in_order_is_told_apart_from_a_crash() -> None:
+    m = TCPStore("127.0.0.1", 0, is_master=True, secret=SECRET)
+    await m.start()
+    client = TCPStore("127.0.0.1", m.port, timeout=30, secret=SECRET)
+    waiting = asyncio.create_task(client.wait(["never"]))
+    await asyncio.sleep(0.05)
+    await m.aclose()
+    with pytest.raises(StoreShutDownError, match="closed the connection: its host shut the store down"):
+        await asyncio.wait_for(waiting, 2)
+    with pytest.raises(StoreShutDownError):
+        await client.set("after", b"lost")
+    await client.aclose()
 
 
 # -- one connection, many requests -----------------------------------------------------------

@@ -14,10 +14,13 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Self
 
-from aiodist.errors import DistTimeoutError, DistTypeError, DistValueError
+from aiodist.errors import DistStoreError, DistTimeoutError, DistTypeError, DistValueError
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "PORT_ADVICE",
+    "ForeignStoreError",
+    "StoreShutDownError",
     "INT64_MAX",
     "INT64_MIN",
     "Store",
@@ -39,6 +42,28 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 Value = bytes | bytearray | memoryview | str
 Timeout = float | int | datetime.timedelta
+
+PORT_ADVICE = (
+    "choose a free port for the job (MASTER_PORT, or the port of init_method; under aiodist-run: "
+    "--master-port PORT, or --standalone to pick a free one)"
+)
+
+
+class ForeignStoreError(DistStoreError):
+    """``host:port`` answers, but not as a store this process may use.
+
+    ``holder`` says who holds the address: ``"program"`` (something that does not speak the
+    store protocol) or ``"job"`` (an aiodist store that refused our secret: another job, or
+    a secret that differs from the store host's). ``why`` is what the probe saw.
+    """
+
+    def __init__(self, message: str, *, addr: str, holder: str, why: str) -> None:
+        super().__init__(message)
+        self.addr, self.holder, self.why = addr, holder, why
+
+
+class StoreShutDownError(DistStoreError):
+    """The store's host shut the store down in order (not a crash): a later store may take its place."""
 
 
 def validate_key(key: object, what: str = "key") -> str:

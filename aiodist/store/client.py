@@ -21,7 +21,10 @@ from typing import Any
 from aiodist.errors import DistStoreError, DistTypeError, DistValueError
 from aiodist.store.base import (
     DEFAULT_TIMEOUT,
+    PORT_ADVICE,
+    ForeignStoreError,
     Store,
+    StoreShutDownError,
     Timeout,
     Value,
     as_bytes,
@@ -58,6 +61,9 @@ _MAX_BACKOFF = 1.0
 # How long past a waiting call's timeout we wait for the server's own timeout answer before
 # concluding that the server is stuck.
 _GRACE = 2.0
+# A store server sends its challenge the moment it accepts; a listener that stays silent this
+# long, or keeps closing connections without a word, is another program holding the port.
+SILENCE_VERDICT = 3.0
 _KEY_BYTES_PER_REQUEST = 256 << 10
 _PAYLOAD_PER_REQUEST = 2 * MAX_VALUE_BYTES
 
@@ -79,6 +85,14 @@ class _Response:
 
 def _collect(_header: Any, _payload_len: int) -> memoryview | None:
     return None
+
+
+class _NotAStore(ProtocolError):
+    """The listener answered, or stayed silent, in a way no store server does."""
+
+
+class _ClosedUnheard(ConnectionResetError):
+    """The listener closed the connection before saying anything (a closing store does that too)."""
 
 
 def _describe(exc: BaseException | None) -> str:
@@ -152,8 +166,10 @@ class TCPStore(Store):
         self._next_rid = 1
         self._start_lock = asyncio.Lock()
         self._closed = False
-        # Why the connection is gone (message, cause); every later call raises with it.
-        self._failure: tuple[str, BaseException | None] | None = None
+        # Why the connection is gone (message, cause, class); every later call raises with it.
+        self._failure: tuple[str, BaseException | None, type[DistStoreError]] | None = None
+        self._host_closing = False  # the server said it is shutting down (not a crash)
+        self.last_connect_error: BaseException | None = None  # for progress reports while connecting
 
     def __repr__(self) -> str:
         role = "master" if self.is_master else "client"
@@ -253,8 +269,8 @@ class TCPStore(Store):
         if self._closed:
             raise DistStoreError(f"the TCPStore for {self._addr} is closed")
         if self._failure is not None:
-            msg, cause = self._failure
-            raise DistStoreError(msg) from cause
+            msg, cause, cls = self._failure
+            raise cls(msg) from cause
 
     # -- connecting ----------------------------------------------------------------------
     def _connect_host(self) -> str:
@@ -272,6 +288,7 @@ class TCPStore(Store):
         deadline = loop.time() + self._timeout
         attempts, delay = 0, _FIRST_BACKOFF
         last: BaseException | None = None
+        unheard_since: float | None = None  # closed on us without a word since then, every attempt
         while True:
             if self._closed:  # closed by another task while we were retrying
                 raise DistStoreError(f"the TCPStore for {self._addr} was closed while connecting")
@@ -280,9 +297,26 @@ class TCPStore(Store):
                 await self._connect_once(max(deadline - loop.time(), 0.01))
                 return
             except AuthError as exc:
-                raise DistStoreError(f"authentication failed with the store at {self._addr}: {exc}") from None
-            except (OSError, ProtocolError) as exc:  # refused, reset, unreachable, not a store
-                last = exc
+                raise ForeignStoreError(
+                    f"authentication failed with the store at {self._addr}: {exc}. Either another aiodist "
+                    f"job (with a different AIODIST_SECRET) holds {self._addr}: then {PORT_ADVICE}; or this "
+                    "process's AIODIST_SECRET differs from the store host's",
+                    addr=self._addr,
+                    holder="job",
+                    why=str(exc),
+                ) from None
+            except _NotAStore as exc:
+                raise self._foreign(str(exc)) from None
+            except (OSError, ProtocolError) as exc:  # refused, reset, unreachable
+                last = self.last_connect_error = exc
+                if not isinstance(exc, _ClosedUnheard):
+                    unheard_since = None
+                elif unheard_since is None:
+                    unheard_since = loop.time()
+                elif loop.time() - unheard_since >= SILENCE_VERDICT:
+                    raise self._foreign(
+                        f"for {SILENCE_VERDICT:g} s it accepted every connection and closed it without a word"
+                    ) from None
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise DistStoreError(
@@ -292,15 +326,25 @@ class TCPStore(Store):
             await asyncio.sleep(min(delay * random.uniform(0.8, 1.2), remaining))
             delay = min(delay * 2, _MAX_BACKOFF)
 
+    def _foreign(self, why: str) -> ForeignStoreError:
+        return ForeignStoreError(
+            f"could not join the store at {self._addr}: the address is already in use by another program, "
+            f"not an aiodist store ({why}); {PORT_ADVICE}",
+            addr=self._addr,
+            holder="program",
+            why=why,
+        )
+
     async def _connect_once(self, budget: float) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + budget
         async with asyncio.timeout(budget):
             reader, writer = await asyncio.open_connection(self._connect_host(), self.port)
         try:
             sock = writer.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            async with asyncio.timeout(min(budget, self._handshake_timeout)):
-                await self._handshake(reader, writer)
+            await self._handshake(reader, writer, end)
             if self._closed:
                 raise DistStoreError(f"the TCPStore for {self._addr} was closed while connecting")
         except BaseException:
@@ -313,22 +357,56 @@ class TCPStore(Store):
             self._read_loop(reader, frames), name=f"aiodist-store-{self._addr}"
         )
 
-    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, end: float
+    ) -> None:
+        """Authenticate; a listener that does not open like a store server raises ``_NotAStore``.
+
+        A store server sends its challenge as soon as it accepts, so the first message is
+        awaited only ``SILENCE_VERDICT`` seconds; the rest of the handshake gets the handshake
+        timeout. ``end`` is the attempt's deadline (loop time).
+        """
+        loop = asyncio.get_running_loop()
         frames: list[Any] = []
         fr = FrameReader(_collect, lambda h, _p: frames.append(h), HANDSHAKE_LIMITS, scratch_size=4096)
+        heard = b""
 
         async def next_message() -> Any:
+            nonlocal heard
             while not frames:
                 data = await reader.read(4096)
                 if not data:
+                    if not heard:
+                        raise _ClosedUnheard("the listener closed the connection without a word")
                     raise ConnectionResetError("the server closed the connection during the handshake")
+                if len(heard) < 64:
+                    heard += data[: 64 - len(heard)]
                 fr.feed(data)
             return frames.pop(0)
 
-        challenge = parse_challenge(await next_message())
+        first_wait = min(SILENCE_VERDICT, end - loop.time())
+        try:
+            async with asyncio.timeout(first_wait):
+                first = await next_message()
+        except TimeoutError:
+            if first_wait < SILENCE_VERDICT:
+                raise  # our own budget ran out: no verdict on the listener
+            raise _NotAStore(
+                f"it accepted the connection but sent nothing in {SILENCE_VERDICT:g} s"
+            ) from None
+        except ProtocolError:  # not even a frame
+            raise _NotAStore(f"it answered {heard[:40]!r}") from None
+        try:
+            challenge = parse_challenge(first)
+        except ProtocolError as exc:
+            if isinstance(first, list) and first[:1] == ["challenge"]:
+                raise _NotAStore(f"it is an aiodist store of another version: {exc}") from None
+            raise _NotAStore(f"it answered {heard[:40]!r}") from None
         hello = make_hello(challenge, JOB, -1, self._secret)
         writer.write(encode_frame(hello.pack()))
-        verify_welcome(challenge, hello, await next_message(), JOB, self._secret)
+        async with asyncio.timeout(max(0.001, min(end - loop.time(), self._handshake_timeout))):
+            welcome = await next_message()
+        verify_welcome(challenge, hello, welcome, JOB, self._secret)
         if frames or fr.mid_frame:
             raise ProtocolError("the server sent unexpected bytes after its handshake welcome")
 
@@ -336,6 +414,7 @@ class TCPStore(Store):
     async def _read_loop(self, reader: asyncio.StreamReader, frames: FrameReader) -> None:
         cause: BaseException | None = None
         msg = f"store at {self._addr} closed the connection"
+        cls = DistStoreError
         try:
             while True:
                 data = await reader.read(256 * 1024)
@@ -346,9 +425,11 @@ class TCPStore(Store):
             cause = exc
         except ProtocolError as exc:
             cause, msg = exc, f"store at {self._addr} sent a malformed message: {exc}"
-        self._failure = (msg, cause)
+        if self._host_closing and cause is None:
+            msg, cls = f"{msg}: its host shut the store down", StoreShutDownError
+        self._failure = (msg, cause, cls)
         self._read_task = None
-        self._fail_pending(msg, cause)
+        self._fail_pending(msg, cause, cls)
         if self._writer is not None:
             self._writer.transport.abort()
 
@@ -356,6 +437,9 @@ class TCPStore(Store):
         if not (isinstance(header, list) and len(header) == 4 and isinstance(header[0], int)):
             raise ProtocolError("malformed store response")
         rid, status, lens, result = header
+        if rid == 0 and status == "closing":  # the server's notice that it shuts down in order
+            self._host_closing = True
+            return
         if not (isinstance(lens, list) and all(isinstance(n, int) and n >= 0 for n in lens)) or sum(
             lens
         ) != len(payload):
@@ -364,11 +448,13 @@ class TCPStore(Store):
         if fut is not None and not fut.done():  # else: a request we withdrew
             fut.set_result(_Response(str(status), lens, result, payload))
 
-    def _fail_pending(self, msg: str, cause: BaseException | None) -> None:
+    def _fail_pending(
+        self, msg: str, cause: BaseException | None, cls: type[DistStoreError] = DistStoreError
+    ) -> None:
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():
-                err = DistStoreError(msg)
+                err = cls(msg)
                 err.__cause__ = cause
                 fut.set_exception(err)
 

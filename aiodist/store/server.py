@@ -10,6 +10,8 @@ frame per message, values travelling as the frame payload, never inside msgpack:
 concurrent requests; responses come back in any order. ``status`` is ``"ok"``, ``"timeout"``
 (``result`` lists missing keys), ``"value_error"`` or ``"error"`` (``result`` is a message).
 A ``"cancel"`` request (``arg`` = the rid) withdraws a waiting request and gets no response.
+When the server shuts down in order (``aclose``) it sends ``[0, "closing", [], None]`` to every
+authenticated client first (rid 0 is never a request's), so a client can tell that from a crash.
 
 The server survives any client: a connection that breaks the protocol, fails the handshake or
 does not finish it within ``handshake_timeout`` is dropped with one rate-limited warning that
@@ -347,6 +349,9 @@ class StoreServer:
         server, self._server = self._server, None
         if server is not None:
             server.close()
+        for conn in self._conns:
+            if conn.authenticated:  # "shutting down in order": a client may look for a later store
+                conn.send([0, "closing", [], None])
         handlers = list(self._handlers)
         for task in handlers:
             task.cancel()

@@ -25,7 +25,7 @@ from aiodist._tensors import NotContiguousError
 from aiodist.errors import DistError, DistTypeError, DistValueError, UnsupportedReduceError
 from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp, as_reduce_op
-from aiodist.sync._bridge import on_loop, run, start_p2p
+from aiodist.sync._bridge import call, on_loop, run, start_p2p
 from aiodist.sync._launch import profiling, run_op
 from aiodist.work import Work
 

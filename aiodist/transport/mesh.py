@@ -3,12 +3,23 @@
 The store protocol (all keys under the job's prefix)::
 
     rank_counter          add() hands out ranks when rank=-1
+    world_size            the first arrival's identity (JSON: rank, world size, host, pid, launcher
+                          variables); every later rank compares its world size with it
     claim/<rank>          add()ed by whoever takes <rank>; a value above 1 is a duplicate
+    claimant/<rank>/<n>   the identity of the n-th process that claimed <rank>
     members               "r0,r1,..." appended by each rank as it joins (names the missing on timeout)
     error                 set by a rank that found the rendezvous broken; everybody raises it
     job                   a random id set by rank 0; part of every peer handshake, so a
                           connection from another job (or an earlier init) is refused
     addr/<rank>           host:port where <rank> accepts peers
+
+Which prefix an init uses in the store (``namespace``)::
+
+    aiodist/<group>/namespace     the current init's namespace, set by whoever opens it: the
+                                  process that just created the store (a random token), else
+                                  rank 0 (a count kept in the store); the other ranks read it
+    aiodist/<group>/namespaces    rank 0's count, for stores that outlive an init (the user's own)
+    aiodist/<group>/arrivals      ranks assigned on arrival count arrivals, world_size per init
 
 Rank r connects to every rank below it and accepts every rank above it: one connection
 per pair. Every wait is bounded by the rendezvous deadline and watches the ``error`` key,
@@ -18,16 +29,124 @@ so a broken rendezvous fails everywhere at once instead of timing out.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import os
 import secrets
+import socket
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
+from aiodist._progress import every
 from aiodist.errors import DistError, DistStoreError, DistTimeoutError, DistValueError
 from aiodist.store import Store
+from aiodist.store.base import StoreShutDownError
 from aiodist.transport.tcp import TcpTransport
 
-__all__ = ["claim_rank", "connect_mesh"]
+__all__ = ["Identity", "claim_rank", "connect_mesh", "namespace"]
+
+log = logging.getLogger("aiodist")
 
 _POLL = 0.05
+# How long the second claimant of a rank waits for the first one's identity (set right after its claim).
+_CLAIMANT_WAIT = 2.0
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    return int(value) if value.strip().lstrip("-").isdigit() else None
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a joining process is: what it says about the job, and where it runs."""
+
+    rank: int
+    world_size: int
+    host: str
+    pid: int
+    node: int | None = None  # GROUP_RANK (the launcher's node rank)
+    local_rank: int | None = None
+    local_world_size: int | None = None  # the launcher's processes per node
+
+    @classmethod
+    def here(cls, rank: int, world_size: int) -> Identity:
+        return cls(
+            rank,
+            world_size,
+            socket.gethostname(),
+            os.getpid(),
+            _env_int("GROUP_RANK"),
+            _env_int("LOCAL_RANK"),
+            _env_int("LOCAL_WORLD_SIZE"),
+        )
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Identity | None:
+        try:
+            fields = json.loads(raw)
+            return cls(**fields)
+        except (ValueError, TypeError):
+            return None
+
+    def where(self) -> str:
+        node = "" if self.node is None else f", node {self.node}"
+        local = "" if self.local_rank is None else f", local rank {self.local_rank}"
+        return f"pid {self.pid} on {self.host}{node}{local}"
+
+
+def _nodes_disagree(a: Identity, b: Identity) -> str:
+    """What two launcher-started processes' variables say went wrong between their nodes ("" if nothing)."""
+    if a.node is None or b.node is None or a.local_world_size is None or b.local_world_size is None:
+        return ""
+    if a.local_world_size != b.local_world_size:
+        return (
+            f"; the nodes disagree: node {a.node} runs {a.local_world_size} processes per node, "
+            f"node {b.node} runs {b.local_world_size} (start every node with the same --nproc-per-node)"
+        )
+    if a.world_size != b.world_size and a.local_world_size > 0:
+        return (
+            f"; the nodes disagree on the number of nodes: node {a.node} says "
+            f"{a.world_size // a.local_world_size}, node {b.node} says {b.world_size // b.local_world_size} "
+            "(start every node with the same --nnodes)"
+        )
+    if a.node == b.node and a.rank == b.rank:
+        hosts = f"{a.host} and {b.host}" if a.host != b.host else f"both on {a.host}"
+        return f"; two nodes were started with --node-rank {a.node} ({hosts}): give each node its own"
+    return ""
+
+
+def world_size_disagreement(first: Identity, me: Identity) -> str:
+    return (
+        f"rendezvous failed: rank {me.rank} says world_size {me.world_size}, rank {first.rank} says "
+        f"{first.world_size}{_nodes_disagree(first, me)}"
+    )
+
+
+def duplicate_claim(
+    rank: int, first: Identity | None, me: Identity, addr: str | None, completed: bool
+) -> str:
+    """The message of a second claim of ``rank``; ``completed``: the rendezvous had every rank already."""
+    msg = f"rendezvous failed: two processes claim rank {rank}"
+    msg += f" (this one is {me.where()})" if first is None else f": {first.where()} and {me.where()}"
+    hint = "" if first is None else _nodes_disagree(first, me)
+    if not hint and completed:
+        where = f" at {addr}" if addr is not None else ""
+        hint = (
+            f"; the rendezvous{where} had already completed with every rank: another job with the same "
+            "group name (and AIODIST_SECRET) uses that address: choose another port, or another group_name"
+        )
+    return msg + hint
+
+
+async def _fail(store: Store, msg: str) -> DistValueError:
+    """Publish ``msg`` as the rendezvous' error (every waiting rank raises it) and return it."""
+    await store.set("error", msg)
+    return DistValueError(msg)
 
 
 class _Deadline:
@@ -69,20 +188,100 @@ async def _wait(
                 raise DistTimeoutError(f"{what} within {deadline.timeout:g} s") from None
 
 
-async def claim_rank(store: Store, rank: int, world_size: int) -> int:
-    """Take ``rank`` (or the next free one when -1); fail fast if another process holds it."""
-    if rank == -1:
+async def namespace(
+    store: Store,
+    group_name: str,
+    rank: int,
+    world_size: int,
+    *,
+    fresh: bool,
+    last: str | None,
+    timeout: float,
+) -> str:
+    """The key prefix of this init in ``store``, the same on every rank of the init.
+
+    ``fresh``: this process created the store for this init. ``last``: the namespace this
+    process used the previous time it met this store's address (None: never). A rank that
+    is not the opener waits (within ``timeout``) for a namespace other than ``last``: the
+    opener may not have arrived yet, or this may be the previous init's store, about to be
+    shut down (the wait then ends in ``StoreShutDownError``). Two processes claiming one rank
+    read the same namespace, so the claim is caught; a replacement process in its first init
+    joins ranks that initialised before.
+
+    Raises:
+        DistTimeoutError: rank 0 did not open the init's namespace in time.
+    """
+    base = f"aiodist/{group_name}"
+    if rank == -1:  # ranks assigned on arrival: the n-th world_size arrivals are the n-th init
+        return f"{base}/a{(await store.add(f'{base}/arrivals', 1) - 1) // max(world_size, 1) + 1}"
+    if fresh or rank == 0:
+        name = (
+            f"{base}/{secrets.token_hex(6)}"
+            if fresh
+            else f"{base}/n{await store.add(f'{base}/namespaces', 1)}"
+        )
+        await store.set(f"{base}/namespace", name)
+        return name
+    deadline = _Deadline(timeout)
+    while True:
+        try:
+            await store.wait([f"{base}/namespace"], timeout=max(deadline.left(), 0.001))
+        except DistTimeoutError:
+            raise DistTimeoutError(
+                f"rendezvous timed out after {timeout:g} s: missing rank 0 (it opens each init in the store)"
+            ) from None
+        name = (await store.get(f"{base}/namespace")).decode()
+        if name != last:
+            return name
+        if deadline.left() <= 0:
+            raise DistTimeoutError(
+                f"rendezvous timed out after {timeout:g} s: missing rank 0 (the store still holds this "
+                "process's previous init, and rank 0 did not open a new one)"
+            )
+        await asyncio.sleep(_POLL)
+
+
+async def claim_rank(store: Store, rank: int, world_size: int, *, addr: str | None = None) -> int:
+    """Take ``rank`` (or the next free one when -1); fail fast, on every rank, if the job is inconsistent.
+
+    The first arrival records its world size; a later rank that says another one fails the
+    rendezvous naming both ("rank 1 says world_size 3, rank 0 says 2"), as does a second claim
+    of a rank (naming both processes, and where launcher variables show it, how the nodes
+    disagree). ``addr`` (the store's address) only sharpens those messages.
+
+    Raises:
+        DistValueError: the disagreement (also published for the other ranks), or a rank out of range.
+        DistError: another rank already found the rendezvous broken.
+    """
+    await _check_error(store)
+    auto = rank == -1
+    if auto:
         rank = await store.add("rank_counter", 1) - 1
-        if rank >= world_size:
-            raise DistValueError(f"more than world_size={world_size} processes joined this rendezvous")
+    me = Identity.here(rank, world_size)
+    first = Identity.decode(await store.compare_set("world_size", "", me.encode()))
+    if first is not None and first.world_size != world_size:
+        raise await _fail(store, world_size_disagreement(first, me))
+    if auto and rank >= world_size:
+        raise await _fail(store, f"rendezvous failed: more than world_size={world_size} processes joined")
     if not 0 <= rank < world_size:
-        raise DistValueError(f"rank {rank} is out of range for world_size {world_size}")
+        raise await _fail(
+            store, f"rendezvous failed: rank {rank} is out of range for world_size {world_size}"
+        )
     holders = await store.add(f"claim/{rank}", 1)
+    await store.set(f"claimant/{rank}/{holders}", me.encode())
     if holders > 1:
-        msg = f"rendezvous failed: two processes claim rank {rank}"
-        await store.set("error", msg)
-        raise DistValueError(msg)
+        earlier: Identity | None = None
+        try:
+            await store.wait([f"claimant/{rank}/1"], timeout=_CLAIMANT_WAIT)
+            earlier = Identity.decode(await store.get(f"claimant/{rank}/1"))
+        except DistTimeoutError:
+            pass
+        seen = _Seen()
+        await _check_error(store, seen)
+        completed = len(seen.members) >= world_size
+        raise await _fail(store, duplicate_claim(rank, earlier, me, addr, completed))
     await store.append("members", f"{rank},")
+    log.info("aiodist: rank %d of %d claimed (%s)", rank, world_size, me.where())
     return rank
 
 
@@ -96,9 +295,73 @@ async def connect_mesh(
     host: str,
     timeout: float,
 ) -> TcpTransport:
-    """Connect this rank to every other rank of the job; returns the ready transport."""
+    """Connect this rank to every other rank of the job; returns the ready transport.
+
+    While it waits, a warning every ``AIODIST_RENDEZVOUS_LOG_INTERVAL`` seconds (30) says who
+    has joined, who is missing and how long it has waited.
+    """
     deadline = _Deadline(timeout)
     seen = _Seen()
+    unconnected = set(range(world_size)) - {rank}
+    async with every(_progress_report(rank, world_size, deadline, seen, unconnected)):
+        return await _connect_mesh(
+            store, rank, world_size, (group_name, secret, host), deadline, seen, unconnected
+        )
+
+
+def _progress_report(
+    rank: int, world_size: int, deadline: _Deadline, seen: _Seen, unconnected: set[int]
+) -> Callable[[float], None]:
+    def report(waited: float) -> None:
+        missing = [r for r in range(world_size) if r not in seen.members]
+        if missing:
+            log.warning(
+                "aiodist: rank %d has waited %.0f s for the rendezvous: %d of %d ranks joined, missing %s "
+                "(gives up in %.0f s)",
+                rank,
+                waited,
+                world_size - len(missing),
+                world_size,
+                _ranks(missing),
+                deadline.left(),
+            )
+        else:
+            log.warning(
+                "aiodist: rank %d has waited %.0f s for the rendezvous: all %d ranks joined, not yet "
+                "connected with %s (gives up in %.0f s)",
+                rank,
+                waited,
+                world_size,
+                _ranks(sorted(unconnected)),
+                deadline.left(),
+            )
+
+    return report
+
+
+def _on_connected(unconnected: set[int], peer: int) -> Callable[[asyncio.Future[None]], None]:
+    def done(task: asyncio.Future[None]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            unconnected.discard(peer)
+
+    return done
+
+
+def _ranks(ranks: list[int]) -> str:
+    shown = ", ".join(map(str, ranks[:20])) + (f" and {len(ranks) - 20} more" if len(ranks) > 20 else "")
+    return f"rank{'s' if len(ranks) != 1 else ''} {shown}"
+
+
+async def _connect_mesh(
+    store: Store,
+    rank: int,
+    world_size: int,
+    how: tuple[str, bytes | None, str],  # group name, secret, host to listen on
+    deadline: _Deadline,
+    seen: _Seen,
+    unconnected: set[int],
+) -> TcpTransport:
+    group_name, secret, host = how
     if rank == 0:
         await store.set("job", secrets.token_hex(8))
     try:
@@ -118,8 +381,19 @@ async def connect_mesh(
             asyncio.ensure_future(_accept_higher(store, transport, peer, deadline, seen))
             for peer in range(rank + 1, world_size)
         ]
+        peers = [p for p in range(world_size) if p != rank]
+        for peer, task in zip(peers, tasks, strict=True):
+            task.add_done_callback(_on_connected(unconnected, peer))
         try:
             await asyncio.gather(*tasks)
+            log.info(
+                "aiodist: rank %d connected with its %d peer(s) in %.2f s; it listens on %s:%d",
+                rank,
+                len(peers),
+                deadline.timeout - deadline.left(),
+                host,
+                port,
+            )
         except DistTimeoutError:
             raise _missing_error(seen, world_size, deadline) from None
         except DistStoreError as exc:
@@ -132,6 +406,11 @@ async def connect_mesh(
             for t in tasks:
                 t.cancel()
         return transport
+    except StoreShutDownError as exc:
+        # Rank 0 had set up this rendezvous in that store: its host gave up on it, and no later
+        # store will carry it on (before "job" was seen, the caller may look for a later store).
+        transport.abort()
+        raise DistStoreError(str(exc)) from exc
     except BaseException:
         transport.abort()
         raise
