@@ -271,6 +271,8 @@ class TCPStore(Store):
         if self._failure is not None:
             msg, cause, cls = self._failure
             raise cls(msg) from cause
+        if self._host_closing:
+            raise StoreShutDownError(f"store at {self._addr} is closing: its host shut the store down")
 
     # -- connecting ----------------------------------------------------------------------
     def _connect_host(self) -> str:
@@ -425,7 +427,7 @@ class TCPStore(Store):
             cause = exc
         except ProtocolError as exc:
             cause, msg = exc, f"store at {self._addr} sent a malformed message: {exc}"
-        if self._host_closing and cause is None:
+        if self._host_closing:  # (a reset after the notice is part of the same shutdown)
             msg, cls = f"{msg}: its host shut the store down", StoreShutDownError
         self._failure = (msg, cause, cls)
         self._read_task = None
@@ -439,6 +441,10 @@ class TCPStore(Store):
         rid, status, lens, result = header
         if rid == 0 and status == "closing":  # the server's notice that it shuts down in order
             self._host_closing = True
+            # Half-close, so that the server closes a socket with nothing unread (no reset).
+            if self._writer is not None and self._writer.can_write_eof():
+                with contextlib.suppress(OSError):
+                    self._writer.write_eof()
             return
         if not (isinstance(lens, list) and all(isinstance(n, int) and n >= 0 for n in lens)) or sum(
             lens

@@ -84,6 +84,10 @@ CLIENT_LIMITS = Limits(
 HANDSHAKE_LIMITS = Limits(max_header=1024, max_payload=0, max_str=512, max_bin=64, max_array=8, max_map=0)
 
 _MAX_WAITS_PER_CONNECTION = 1 << 16
+# How long ``aclose`` lets clients close their end after the "closing" notice. Closing a socket
+# that still holds unread bytes makes the kernel reset it, and a reset can overtake the notice,
+# so the client would see a crash instead of an orderly shutdown.
+_CLOSE_GRACE = 0.5
 _TIMEOUT_KEYS_REPORTED = 64
 
 
@@ -353,6 +357,8 @@ class StoreServer:
             if conn.authenticated:  # "shutting down in order": a client may look for a later store
                 conn.send([0, "closing", [], None])
         handlers = list(self._handlers)
+        if handlers:  # clients half-close on the notice; their handlers then end on their own
+            await asyncio.wait(handlers, timeout=_CLOSE_GRACE)
         for task in handlers:
             task.cancel()
         await asyncio.gather(*handlers, return_exceptions=True)
@@ -445,6 +451,8 @@ class StoreServer:
             self._unauthenticated -= 1
         if authenticated:
             conn.authenticated = True
+            if self._closed:  # welcomed while aclose ran: it missed the notice the others got
+                conn.send([0, "closing", [], None])
             await self._serve(conn)
 
     async def _handshake(self, conn: _Conn) -> bool:
