@@ -22,6 +22,7 @@ from aiodist._loop_thread import LoopThread, get_loop_thread
 from aiodist._staging import CudaStager
 from aiodist.group import ProcessGroup
 from aiodist.rendezvous import local_address_towards
+from aiodist.store import PrefixStore
 from aiodist.torch._adapter import Adapter
 from aiodist.torch._build import load_extension
 from aiodist.torch._store import TorchStore
@@ -50,6 +51,10 @@ _lock = threading.Lock()
 _job_mesh: _Mesh | None = None  # the default group's mesh, shared by later groups
 _open_meshes: list[_Mesh] = []  # closed in order at interpreter exit
 _exit_hook = False
+# How many meshes this process has connected per torch group name. torch may hand a re-created
+# group (destroy, then init again) the same store and name; the count keys each attempt's
+# rendezvous apart, and is the same on every member (each creates the same groups in order).
+_attempts: dict[str, int] = {}
 
 
 def _group_id(name: str) -> int:
@@ -65,10 +70,11 @@ def _group_id(name: str) -> int:
 
 def _host_of(store: Any) -> str:
     """The address peers reach this rank at: the interface towards torch's TCPStore host."""
-    from torch._C._distributed_c10d import PrefixStore, TCPStore
+    from torch._C._distributed_c10d import PrefixStore as TorchPrefixStore
+    from torch._C._distributed_c10d import TCPStore
 
     s = store
-    while isinstance(s, PrefixStore):
+    while isinstance(s, TorchPrefixStore):
         s = s.underlying_store
     if isinstance(s, TCPStore):
         return local_address_towards(s.host)
@@ -76,7 +82,8 @@ def _host_of(store: Any) -> str:
 
 
 async def _connect(store: Any, rank: int, size: int, name: str, timeout: float) -> _Mesh:
-    aio_store = TorchStore(store, timeout)
+    attempt = _attempts[name] = _attempts.get(name, 0) + 1
+    aio_store = PrefixStore(f"aiodist/{attempt}", TorchStore(store, timeout))
     me = await claim_rank(aio_store, rank, size)
     transport = await connect_mesh(
         aio_store,
