@@ -13,6 +13,8 @@ import datetime
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -343,7 +345,9 @@ def test_frontend_ops_on_three_ranks() -> None:
 # -- init methods and the combined device spec ---------------------------------------------------
 
 
-def _init_and_sum(rank: int, world_size: int, backend: str, init_method: str | None) -> dict[str, Any]:
+def _init_and_sum(
+    rank: int, world_size: int, backend: str, init_method: str | None, second_port: int
+) -> dict[str, Any]:
     import torch.distributed as dist
 
     import aiodist.torch  # noqa: F401
@@ -365,9 +369,11 @@ def _init_and_sum(rank: int, world_size: int, backend: str, init_method: str | N
         "cpu_backend": type(pg._get_backend(torch.device("cpu"))).__name__,
     }
     dist.destroy_process_group()
-    # destroy + init again works (the mesh of the first init is closed, its port released)
-    dist.init_process_group(backend, **kwargs) if init_method is None else None
     if init_method is None:
+        # destroy + init again works (the mesh of the first init is closed). A new store port:
+        # torch's own re-init on the same env:// port can meet the old store (gloo hangs there).
+        os.environ["MASTER_PORT"] = str(second_port)
+        dist.init_process_group(backend, **kwargs)
         t = torch.tensor([1.0])
         dist.all_reduce(t)
         out["second_init_sum"] = t.item()
@@ -378,7 +384,7 @@ def _init_and_sum(rank: int, world_size: int, backend: str, init_method: str | N
 @pytest.mark.parametrize("how", ["env", "tcp", "file"])
 def test_init_methods(how: str, tmp_path: Path) -> None:
     init = {"env": None, "tcp": f"tcp://127.0.0.1:{free_port()}", "file": f"file://{tmp_path}/rdv"}[how]
-    res = spawn(_init_and_sum, 2, args=("aiodist", init), timeout=90, env=ENV)
+    res = spawn(_init_and_sum, 2, args=("aiodist", init, free_port()), timeout=90, env=ENV)
     for out in res:
         assert out["sum"] == 3.0
         assert out["backend"] == "aiodist"
@@ -393,7 +399,7 @@ def test_combined_spec_runs_cpu_tensors_on_aiodist() -> None:
     import torch.distributed as tdist
 
     spec = "cpu:aiodist,cuda:nccl" if tdist.is_nccl_available() else "cpu:aiodist,cuda:gloo"
-    res = spawn(_init_and_sum, 2, args=(spec, None), timeout=90, env=ENV)
+    res = spawn(_init_and_sum, 2, args=(spec, None, free_port()), timeout=90, env=ENV)
     for out in res:
         assert out["sum"] == 3.0
         assert out["backend"] == spec
@@ -512,3 +518,32 @@ def test_mismatched_sizes_are_reported_on_both_ranks() -> None:
         name, msg, took = out["error"]
         assert name == "DistBackendError" and "CollectiveMismatchError" in msg, msg
         assert took < 5.0
+
+
+# -- the example -----------------------------------------------------------------------------------
+
+
+def _run_example(launcher: list[str], backend: str) -> list[str]:
+    cmd = [
+        *launcher,
+        "--nproc-per-node",
+        "2",
+        str(REPO / "examples" / "torch_ddp_aiodist.py"),
+        "--backend",
+        backend,
+    ]
+    env = {**os.environ, "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line.removeprefix("[rank 0]: ") for line in proc.stdout.splitlines()]
+    return [line for line in lines if line.startswith(("epoch", "2 ranks"))]
+
+
+def test_example_trains_like_gloo() -> None:
+    ours = _run_example([sys.executable, "-m", "aiodist.run", "--master-port", str(free_port())], "aiodist")
+    theirs = _run_example(
+        [sys.executable, "-m", "torch.distributed.run", "--master-port", str(free_port())], "gloo"
+    )
+    assert len(ours) == 4 and ours[-1] == "2 ranks on aiodist: parameters identical on every rank: True", ours
+    assert ours[:3] == theirs[:3]  # the same losses, epoch by epoch
+    assert theirs[-1].endswith("parameters identical on every rank: True")

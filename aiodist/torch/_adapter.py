@@ -17,7 +17,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from aiodist import _collectives, _p2p
+from aiodist import _busy_poll, _collectives, _p2p
 from aiodist._loop_thread import LoopThread
 from aiodist._monitored import monitored_barrier as _monitored_barrier
 from aiodist.errors import (
@@ -75,13 +75,17 @@ def _timeout(ms: int) -> float | None:
 class _Joined:
     """Completes one torch work when all of several aiodist Works have (coalesced calls)."""
 
-    __slots__ = ("error", "left", "source", "work")
+    __slots__ = ("error", "left", "poller", "source", "work")
 
-    def __init__(self, work: Any, count: int, source: Callable[[Any], int]) -> None:
+    def __init__(
+        self, work: Any, count: int, source: Callable[[Any], int], poller: _busy_poll.BusyPoll
+    ) -> None:
         self.work = work
         self.left = count
         self.error: BaseException | None = None
         self.source = source
+        self.poller = poller
+        poller.hold()
 
     def done(self, fut: asyncio.Future[Any]) -> None:
         if fut.cancelled():
@@ -93,6 +97,7 @@ class _Joined:
         self.left -= 1
         if self.left:
             return
+        self.poller.release()
         if self.error is not None:
             kind, msg = error_kind(self.error)
             self.work._fail(kind, msg)
@@ -130,24 +135,34 @@ class Adapter:
     def _start(
         self, work: Any, starts: Sequence[Callable[[], Work]], source: Callable[[Any], int] = _no_source
     ) -> Refusal:
-        """Start ``starts`` on the loop; complete ``work`` when all of them have ended."""
+        """Start ``starts`` on the loop; complete ``work`` when all of them have ended.
+
+        From another thread the start is posted without waiting for it (the caller goes on to
+        ``wait()`` at once: one thread hop per call instead of two); calls from one thread
+        reach the loop in order, so collectives keep their order. An argument the operation
+        refuses then fails the work: it is raised by ``wait()``, at the same call for
+        blocking calls.
+        """
 
         def on_loop() -> None:
-            works = [fn() for fn in starts]  # a refused argument raises before anything started
+            try:
+                works = [fn() for fn in starts]  # a refused argument raises before anything started
+            except Exception as exc:
+                work._fail(*error_kind(exc))
+                return
             if not works:
                 work._finish(-1)
                 return
-            joined = _Joined(work, len(works), source)
+            # The loop polls for a moment instead of sleeping (see aiodist._busy_poll): torch's
+            # caller usually waits for the work at once (the sync face polls the same way).
+            joined = _Joined(work, len(works), source, _busy_poll.for_loop(self._lt.loop))
             for w in works:
                 w._future.add_done_callback(joined.done)
 
-        try:
-            if self._lt.in_loop_thread():  # e.g. a future callback that starts another operation
-                on_loop()
-            else:
-                self._lt.call(on_loop)
-        except Exception as exc:
-            return error_kind(exc)
+        if self._lt.in_loop_thread():  # e.g. a future callback that starts another operation
+            on_loop()
+        else:
+            self._lt.loop.call_soon_threadsafe(on_loop)
         return None
 
     # -- collectives ----------------------------------------------------------------------
