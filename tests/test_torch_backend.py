@@ -219,6 +219,11 @@ def _ops(rank: int, world_size: int) -> dict[str, Any]:
     work.wait()
     out["async_future"] = fut.wait().tolist()
     out["async_done"] = work.is_completed() and work.is_success()
+    # a future callback that starts another operation and waits for it (PowerSGD's pattern)
+    t2 = torch.full((2,), float(r))
+    chained = dist.all_reduce(torch.ones(1), async_op=True).get_future()
+    nested = chained.then(lambda f: dist.all_reduce(t2, async_op=True).get_future().wait()[0])
+    out["nested_future"] = nested.wait().tolist()
 
     # point to point, in a ring
     nxt, prv = (r + 1) % n, (r - 1) % n
@@ -320,6 +325,7 @@ def test_frontend_ops_on_three_ranks() -> None:
         assert out["all_to_all_single_uneven"] == [float(k) for k in range(n) for _ in range(r + 1)]
         assert out["async_future"] == [2.0 * n] * 5
         assert out["async_done"] is True
+        assert out["nested_future"] == [float(n * (n - 1) // 2)] * 2
         assert out["send_recv"] == [float((r - 1) % n)] * 3
         assert out["isend_irecv"] == [float((r - 1) % n)] * 2
         assert out["batch_isend_irecv"] == [float((r - 1) % n)] * 2

@@ -11,6 +11,12 @@
 
 #include <torch/extension.h>
 
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -63,26 +69,86 @@ std::exception_ptr makeError(int kind, const std::string& msg) {
   }
 }
 
+// Runs the completion of work futures, one at a time, in the order aiodist's loop finished the
+// operations: off the loop thread, because a future callback may start another operation and
+// wait for it (DDP's PowerSGD hook does), which needs the loop running; in order, because
+// callbacks that start collectives must start them in the same order on every rank.
+class Completer {
+ public:
+  static Completer& get() {
+    static Completer* instance = new Completer();  // never destroyed: its thread is detached
+    return *instance;
+  }
+
+  void post(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+
+  bool onThread() const {
+    return std::this_thread::get_id() == id_;
+  }
+
+ private:
+  Completer() {
+    std::thread t([this]() { run(); });
+    id_ = t.get_id();
+    t.detach();
+  }
+
+  void run() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [this]() { return !queue_.empty(); });
+        fn = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      try {
+        fn();
+      } catch (...) {
+        // A future reports its callbacks' errors to whoever waits on the chained future.
+      }
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  std::thread::id id_;
+};
+
 class AiodistWork : public c10d::Work {
  public:
   AiodistWork(int rank, c10d::OpType opType, std::vector<at::Tensor> outputs)
       : c10d::Work(rank, opType),
+        // An operation started by a future callback (on the completer's thread) completes its
+        // own future at once: the callback may be waiting for it, holding the completer.
+        inline_(Completer::get().onThread()),
         outputs_(std::move(outputs)),
         future_(c10::make_intrusive<c10::ivalue::Future>(
             c10::ListType::create(c10::TensorType::get()))) {}
 
-  // Called by the adapter on aiodist's loop thread when the operation succeeded.
+  // Called by the adapter on aiodist's loop thread when the operation succeeded: wait() is
+  // released here, the future's callbacks run on the completer (see Completer).
   void finishOk(int sourceRank) {
     sourceRank_.store(sourceRank);
     finish();
-    future_->markCompleted(c10::IValue(outputs_));
+    auto future = future_;
+    auto outputs = outputs_;
+    complete([future, outputs]() { future->markCompleted(c10::IValue(outputs)); });
   }
 
   // Called by the adapter on aiodist's loop thread when the operation failed.
   void finishError(int kind, const std::string& msg) {
     auto eptr = makeError(kind, msg);
     finish(eptr);
-    future_->setError(eptr);
+    auto future = future_;
+    complete([future, eptr]() { future->setError(eptr); });
   }
 
   int sourceRank() const override {
@@ -100,6 +166,15 @@ class AiodistWork : public c10d::Work {
   }
 
  private:
+  void complete(std::function<void()> fn) {
+    if (inline_) {
+      fn();
+    } else {
+      Completer::get().post(std::move(fn));
+    }
+  }
+
+  bool inline_;
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<int> sourceRank_{-1};
