@@ -553,3 +553,54 @@ def test_example_trains_like_gloo() -> None:
     assert len(ours) == 4 and ours[-1] == "2 ranks on aiodist: parameters identical on every rank: True", ours
     assert ours[:3] == theirs[:3]  # the same losses, epoch by epoch
     assert theirs[-1].endswith("parameters identical on every rank: True")
+
+
+# -- torch's consumers above the frontend ------------------------------------------------------------
+
+
+def _fsdp_and_friends(rank: int, world_size: int) -> dict[str, Any]:
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as fc
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import aiodist.torch  # noqa: F401
+
+    torch.set_num_threads(1)
+    dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=60))
+    out: dict[str, Any] = {}
+    out["functional_all_reduce"] = fc.all_reduce(torch.ones(3) * (rank + 1), "sum", dist.group.WORLD).tolist()
+    mesh = init_device_mesh("cpu", (world_size,))
+    out["dtensor"] = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)]).full_tensor().tolist()
+
+    # FSDP2: two SGD steps on sharded parameters equal the same steps on the mean gradient
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    reference.load_state_dict(model.state_dict())
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    inputs = [torch.randn(4, 8, generator=torch.Generator().manual_seed(10 + r)) for r in range(world_size)]
+    for _ in range(2):
+        opt.zero_grad()
+        model(inputs[rank]).pow(2).sum().backward()
+        opt.step()
+        ref_opt.zero_grad()
+        (sum(reference(x).pow(2).sum() for x in inputs) / world_size).backward()
+        ref_opt.step()
+    full = [p.full_tensor() for p in model.parameters()]
+    out["fsdp_max_diff"] = max(
+        float((a - b).abs().max()) for a, b in zip(full, reference.parameters(), strict=True)
+    )
+    dist.destroy_process_group()
+    return out
+
+
+def test_functional_collectives_dtensor_and_fsdp2() -> None:
+    res = spawn(_fsdp_and_friends, 2, timeout=110, env=ENV)
+    for out in res:
+        assert out["functional_all_reduce"] == [3.0] * 3
+        assert out["dtensor"] == [float(i) for i in range(8)]
+        assert out["fsdp_max_diff"] < 1e-5, out
