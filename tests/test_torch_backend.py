@@ -31,12 +31,13 @@ HAS_COMPILER = shutil.which(os.environ.get("CXX", "c++")) is not None or shutil.
 needs_compiler = pytest.mark.skipif(
     not HAS_COMPILER, reason="no C++ compiler here: the aiodist torch backend's extension cannot be built"
 )
-pytestmark = [needs_compiler, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 ENV = {"OMP_NUM_THREADS": "1"}
 
 
 @pytest.mark.timeout(900)  # a cold cache compiles the extension (about 90 s on 2 busy cores)
+@needs_compiler
 def test_extension_builds() -> None:
     import torch.distributed as tdist
 
@@ -129,8 +130,11 @@ def _ddp_both(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
         dist.destroy_process_group()
 
 
-def test_torch_ddp_on_aiodist_matches_gloo_step_by_step() -> None:
-    results = spawn(_ddp_both, 2, timeout=110, env=ENV)
+@pytest.mark.parametrize("level", ["cpp", "python"])
+def test_torch_ddp_on_aiodist_matches_gloo_step_by_step(level: str) -> None:
+    if level == "cpp" and not HAS_COMPILER:
+        pytest.skip("no C++ compiler here: the aiodist torch backend's extension cannot be built")
+    results = spawn(_ddp_both, 2, timeout=110, env={**ENV, "AIODIST_TORCH_BACKEND": level})
     for config in CONFIGS:
         for rank, per_rank in enumerate(results):
             ours, theirs = per_rank[config]["aiodist"], per_rank[config]["gloo"]
@@ -161,7 +165,10 @@ def _ops(rank: int, world_size: int) -> dict[str, Any]:
     n, r = world_size, rank
     out: dict[str, Any] = {"backend": dist.get_backend()}
     pg = dist.group.WORLD
-    out["cpp_backend"] = type(pg._get_backend(torch.device("cpu"))).__name__
+    try:
+        out["cpp_backend"] = type(pg._get_backend(torch.device("cpu"))).__name__
+    except RuntimeError as exc:  # the Python-only level has no C++ backend
+        out["cpp_backend"] = str(exc)
 
     # tensor collectives
     t = torch.arange(4, dtype=torch.float32) + r
@@ -298,14 +305,21 @@ def _ops(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
-def test_frontend_ops_on_three_ranks() -> None:
+LEVELS = [pytest.param("cpp", marks=needs_compiler), "python"]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_frontend_ops_on_three_ranks(level: str) -> None:
     n = 3
-    res = spawn(_ops, n, timeout=110, env=ENV)
+    res = spawn(_ops, n, timeout=110, env={**ENV, "AIODIST_TORCH_BACKEND": level})
     from torch.utils.data import DistributedSampler
 
     for r, out in enumerate(res):
         assert out["backend"] == "aiodist"
-        assert out["cpp_backend"] == "AiodistBackend"
+        if level == "cpp":
+            assert out["cpp_backend"] == "AiodistBackend"
+        else:  # the Python-only level: torch's C++ consumers find no backend
+            assert out["cpp_backend"] == "No backend type associated with device type cpu"
         assert out["all_reduce"] == [sum(i + k for k in range(n)) for i in range(4)]
         assert out["all_reduce_MAX"] == [n, 2.0 * n]
         assert out["all_reduce_MIN"] == [1.0, 2.0]
@@ -388,6 +402,7 @@ def _init_and_sum(
 
 
 @pytest.mark.parametrize("how", ["env", "tcp", "file"])
+@needs_compiler
 def test_init_methods(how: str, tmp_path: Path) -> None:
     init = {"env": None, "tcp": f"tcp://127.0.0.1:{free_port()}", "file": f"file://{tmp_path}/rdv"}[how]
     res = spawn(_init_and_sum, 2, args=("aiodist", init, free_port()), timeout=90, env=ENV)
@@ -399,6 +414,7 @@ def test_init_methods(how: str, tmp_path: Path) -> None:
             assert out["second_init_sum"] == 2.0
 
 
+@needs_compiler
 def test_combined_spec_runs_cpu_tensors_on_aiodist() -> None:
     # torch refuses "cuda:nccl" itself where it was built without NCCL (this CPU build: so does
     # "cpu:gloo,cuda:nccl"); there the same two-backend group is made with "cuda:gloo".
@@ -449,6 +465,7 @@ def _dead_peer(rank: int, world_size: int, marker: str) -> dict[str, Any]:
     return {"type": None}
 
 
+@needs_compiler
 def test_dead_peer_is_named_through_torch_frontend(tmp_path: Path) -> None:
     marker = str(tmp_path / "killed")
     env = {**ENV, "PYTHONPATH": str(REPO / "tests")}
@@ -492,6 +509,7 @@ def _timeout(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
+@needs_compiler
 def test_timeout_names_the_late_rank_and_does_not_poison_the_group() -> None:
     res = spawn(_timeout, 2, timeout=90, env=ENV)
     name, msg, took = res[0]["error"]
@@ -518,6 +536,7 @@ def _mismatch(rank: int, world_size: int) -> dict[str, Any]:
         return {"error": (type(exc).__name__, str(exc), time.monotonic() - t0)}
 
 
+@needs_compiler
 def test_mismatched_sizes_are_reported_on_both_ranks() -> None:
     res = spawn(_mismatch, 2, timeout=60, env=ENV)
     for out in res:
@@ -545,6 +564,7 @@ def _run_example(launcher: list[str], backend: str) -> list[str]:
     return [line for line in lines if line.startswith(("epoch", "2 ranks"))]
 
 
+@needs_compiler
 def test_example_trains_like_gloo() -> None:
     ours = _run_example([sys.executable, "-m", "aiodist.run", "--master-port", str(free_port())], "aiodist")
     theirs = _run_example(
@@ -598,9 +618,51 @@ def _fsdp_and_friends(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
+@needs_compiler
 def test_functional_collectives_dtensor_and_fsdp2() -> None:
     res = spawn(_fsdp_and_friends, 2, timeout=110, env=ENV)
     for out in res:
         assert out["functional_all_reduce"] == [3.0] * 3
         assert out["dtensor"] == [float(i) for i in range(8)]
         assert out["fsdp_max_diff"] < 1e-5, out
+
+
+# -- without a compiler ----------------------------------------------------------------------------
+
+
+def _no_compiler(rank: int, world_size: int) -> dict[str, Any]:
+    import warnings
+
+    import torch.distributed as dist
+
+    import aiodist.torch  # noqa: F401
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=60))
+        except Exception as exc:
+            return {"error": (type(exc).__name__, str(exc))}
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    out = {
+        "sum": t.item(),
+        "group": type(dist.group.WORLD).__name__,
+        "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
+    }
+    dist.destroy_process_group()
+    return out
+
+
+def test_without_a_compiler_the_python_level_runs(tmp_path: Path) -> None:
+    # No compiler on PATH and an empty cache: a clear warning, then the Python-only level.
+    env = {**ENV, "PATH": str(tmp_path), "CXX": "no-such-c++", "AIODIST_CACHE_DIR": str(tmp_path / "cache")}
+    res = spawn(_no_compiler, 2, timeout=60, env=env)
+    for out in res:
+        assert out["sum"] == 3.0
+        assert out["group"] == "PythonProcessGroup"
+        assert len(out["warnings"]) == 1 and "no C++ compiler was found" in out["warnings"][0], out
+    # ... and with AIODIST_TORCH_BACKEND=cpp the same machine refuses, saying why
+    res = spawn(_no_compiler, 1, timeout=60, env={**env, "AIODIST_TORCH_BACKEND": "cpp"})
+    name, msg = res[0]["error"]
+    assert name == "ExtensionBuildError" and "no C++ compiler was found" in msg and "aiodist.sync" in msg

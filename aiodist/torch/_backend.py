@@ -15,6 +15,7 @@ import hashlib
 import logging
 import os
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ from aiodist.group import ProcessGroup
 from aiodist.rendezvous import local_address_towards
 from aiodist.store import PrefixStore
 from aiodist.torch._adapter import Adapter
-from aiodist.torch._build import load_extension
+from aiodist.torch._build import ExtensionBuildError, load_extension
 from aiodist.torch._store import TorchStore
 from aiodist.transport.base import Transport
 from aiodist.transport.mesh import claim_rank, connect_mesh
@@ -142,7 +143,7 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
     global _job_mesh, _exit_hook
     if backend_options is not None:
         raise ValueError("the aiodist backend takes no pg_options")
-    ext = load_extension()
+    ext = _extension_or_none()
     lt = get_loop_thread()
     rank, size = int(opts.group_rank), int(opts.group_size)
     timeout = opts.timeout
@@ -188,4 +189,44 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
         if not mesh.closed:
             lt.call(drop)
 
-    return ext.AiodistBackend(rank, size, Adapter(group, lt, shutdown))
+    adapter = Adapter(group, lt, shutdown)
+    if ext is None:
+        from aiodist.torch._python_pg import PythonProcessGroup
+
+        return PythonProcessGroup(rank, size, adapter)
+    return ext.AiodistBackend(rank, size, adapter)
+
+
+_LEVELS = ("auto", "cpp", "python")
+_warned_fallback = False
+
+
+def _extension_or_none() -> Any:
+    """The C++ extension, or None for the Python-only level.
+
+    ``AIODIST_TORCH_BACKEND``: "cpp" (the extension or an error), "python" (the Python-only
+    level), unset or "auto" (the extension; where it cannot be built, the Python-only level
+    with a warning that says what that level cannot do).
+    """
+    global _warned_fallback
+    level = os.environ.get("AIODIST_TORCH_BACKEND", "").strip().lower() or "auto"
+    if level not in _LEVELS:
+        raise ValueError(f"AIODIST_TORCH_BACKEND must be one of {', '.join(_LEVELS)}, got {level!r}")
+    if level == "python":
+        return None
+    try:
+        return load_extension()
+    except ExtensionBuildError as exc:
+        if level == "cpp":
+            raise
+        if not _warned_fallback:
+            _warned_fallback = True
+            warnings.warn(
+                f"{exc}\nFalling back to aiodist's Python-only torch backend: torch's collectives, "
+                "point-to-point calls, object collectives, barriers, DistributedSampler and "
+                "DistributedDataParallel work; FSDP2, DeviceMesh/DTensor and functional "
+                "collectives do not (they need the extension). Set AIODIST_TORCH_BACKEND=cpp to make this an error.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return None

@@ -10,6 +10,7 @@ Concurrent first builds (every rank of a job at once) wait for one another (torc
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import sys
@@ -23,6 +24,7 @@ from aiodist.errors import DistError
 __all__ = ["ExtensionBuildError", "build_seconds", "cache_dir", "load_extension"]
 
 _SOURCE = Path(__file__).with_name("csrc") / "aiodist_backend.cpp"
+_NAME = "aiodist_torch_backend"
 _lock = threading.Lock()
 _module: Any = None
 _build_seconds: float | None = None
@@ -76,15 +78,21 @@ def load_extension() -> Any:
     with _lock:
         if _module is not None:
             return _module
+        t0 = time.perf_counter()
+        where = cache_dir()
+        built = where / f"{_NAME}.so"
+        if built.is_file() and not (where / "lock").exists():  # "lock": a build is under way
+            # Built before for this torch and this source: no compiler needed to load it.
+            _module = _import_built(built)
+            _build_seconds = time.perf_counter() - t0
+            return _module
         _check_toolchain()
         from torch.utils import cpp_extension
 
-        where = cache_dir()
         where.mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
         try:
             _module = cpp_extension.load(
-                name="aiodist_torch_backend",
+                name=_NAME,
                 sources=[str(_SOURCE)],
                 build_directory=str(where),
                 extra_cflags=["-O2"],
@@ -96,6 +104,17 @@ def load_extension() -> Any:
             ) from exc
         _build_seconds = time.perf_counter() - t0
         return _module
+
+
+def _import_built(path: Path) -> Any:
+    import torch.distributed  # noqa: F401  (the extension's base classes must be registered first)
+
+    spec = importlib.util.spec_from_file_location(_NAME, path)
+    if spec is None or spec.loader is None:
+        raise ExtensionBuildError(f"cannot load the built extension {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build_seconds() -> float | None:
