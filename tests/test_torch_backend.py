@@ -219,6 +219,13 @@ def _ops(rank: int, world_size: int) -> dict[str, Any]:
     dist.all_to_all_single(dst, src, out_splits, in_splits)
     out["all_to_all_single_uneven"] = dst.tolist()
 
+    # a wrong argument aiodist refuses: torch's TypeError, and the group goes on
+    try:
+        dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BXOR)
+        out["bad_op"] = None
+    except TypeError as exc:
+        out["bad_op"] = str(exc)
+
     # async_op: the Work and its future complete from aiodist's loop
     t = torch.ones(5)
     work = dist.all_reduce(t, async_op=True)
@@ -339,6 +346,7 @@ def test_frontend_ops_on_three_ranks(level: str) -> None:
         assert out["all_to_all_single_uneven"] == [float(k) for k in range(n) for _ in range(r + 1)]
         assert out["async_future"] == [2.0 * n] * 5
         assert out["async_done"] is True
+        assert out["bad_op"] is not None and "BXOR" in out["bad_op"], out["bad_op"]
         assert out["nested_future"] == [float(n * (n - 1) // 2)] * 2
         assert out["send_recv"] == [float((r - 1) % n)] * 3
         assert out["isend_irecv"] == [float((r - 1) % n)] * 2
@@ -373,7 +381,11 @@ def _init_and_sum(
     import aiodist.torch  # noqa: F401
 
     kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=60)}
-    if init_method is not None:
+    if init_method is not None and init_method.startswith("store:"):  # a store made by the caller
+        port = int(init_method.split(":")[1])
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0)
+        kwargs.update(store=store, rank=rank, world_size=world_size)
+    elif init_method is not None:
         kwargs.update(init_method=init_method, rank=rank, world_size=world_size)
     dist.init_process_group(backend, **kwargs)
     t = torch.tensor([float(rank + 1)])
