@@ -1,7 +1,8 @@
 """aiodist as a ``torch.distributed`` backend: ``import aiodist.torch``, then ``backend="aiodist"``.
 
-Importing this package registers the backend name "aiodist" with torch (CPU tensors, and CUDA
-tensors staged through host memory); unchanged torch code then runs on aiodist's runtime::
+Importing this package registers the backend name "aiodist" with torch for CPU tensors
+(``"cpu:aiodist,cuda:nccl"`` puts CUDA tensors on NCCL); unchanged torch code then runs on
+aiodist's runtime::
 
     import torch.distributed as dist
     import aiodist.torch  # noqa: F401
@@ -31,7 +32,7 @@ def register() -> None:
     """Register "aiodist" with ``torch.distributed`` (done on import; calling it again is harmless)."""
     if BACKEND_NAME.upper() in _td.Backend._plugins:
         return
-    _td.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
+    _td.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu"])
 
 
 def build() -> Any:
