@@ -413,10 +413,15 @@ def _init_and_sum(
     return out
 
 
-@pytest.mark.parametrize("how", ["env", "tcp", "file"])
+@pytest.mark.parametrize("how", ["env", "tcp", "file", "store"])
 @needs_compiler
 def test_init_methods(how: str, tmp_path: Path) -> None:
-    init = {"env": None, "tcp": f"tcp://127.0.0.1:{free_port()}", "file": f"file://{tmp_path}/rdv"}[how]
+    init = {
+        "env": None,
+        "tcp": f"tcp://127.0.0.1:{free_port()}",
+        "file": f"file://{tmp_path}/rdv",
+        "store": f"store:{free_port()}",
+    }[how]
     res = spawn(_init_and_sum, 2, args=("aiodist", init, free_port()), timeout=90, env=ENV)
     for out in res:
         assert out["sum"] == 3.0
