@@ -683,3 +683,31 @@ def test_without_a_compiler_the_python_level_runs(tmp_path: Path) -> None:
     res = spawn(_no_compiler, 1, timeout=60, env={**env, "AIODIST_TORCH_BACKEND": "cpp"})
     name, msg = res[0]["error"]
     assert name == "ExtensionBuildError" and "no C++ compiler was found" in msg and "aiodist.sync" in msg
+
+
+def _aiodist_group_in_gloo_job(rank: int, world_size: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    import aiodist.torch  # noqa: F401
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    sub = dist.new_group([1, 2], backend="aiodist")  # connects a mesh of its own
+    out: dict[str, Any] = {"sub_backend": dist.get_backend(sub) if rank in (1, 2) else None}
+    if rank in (1, 2):
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=sub)
+        out["sub_sum"] = t.item()
+    t = torch.ones(1)
+    dist.all_reduce(t)  # gloo's world goes on beside it
+    out["world_sum"] = t.item()
+    dist.destroy_process_group()
+    return out
+
+
+@needs_compiler
+def test_aiodist_subgroup_in_a_gloo_job() -> None:
+    res = spawn(_aiodist_group_in_gloo_job, 3, timeout=90, env=ENV)
+    for rank, out in enumerate(res):
+        assert out["world_sum"] == 3.0
+        if rank in (1, 2):
+            assert out["sub_backend"] == "aiodist" and out["sub_sum"] == 3.0
