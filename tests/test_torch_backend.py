@@ -566,6 +566,9 @@ def test_mismatched_sizes_are_reported_on_both_ranks() -> None:
 
 
 def _run_example(launcher: list[str], backend: str) -> list[str]:
+    """What rank 0 printed. gloo's reference run may abort at exit after printing everything
+    (torch's gloo sometimes ends in "terminate called without an active exception" on this
+    build, with or without aiodist imported): only the aiodist run must exit cleanly."""
     cmd = [
         *launcher,
         "--nproc-per-node",
@@ -576,7 +579,7 @@ def _run_example(launcher: list[str], backend: str) -> list[str]:
     ]
     env = {**os.environ, "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100, env=env, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 0 or backend == "gloo", proc.stdout + proc.stderr
     lines = [line.removeprefix("[rank 0]: ") for line in proc.stdout.splitlines()]
     return [line for line in lines if line.startswith(("epoch", "2 ranks"))]
 
