@@ -1,13 +1,14 @@
 """What the C++ backend calls: torch's backend operations, started on aiodist's runtime.
 
-The C++ ``AiodistBackend`` (csrc/aiodist_backend.cpp) calls one method of ``Adapter`` per
-operation, with the GIL held, passing a fresh ``AiodistWork`` and torch's arguments (ranks
-are ranks within the group, timeouts in milliseconds, -1 for the group's own). The method
-starts aiodist's operation on the runtime loop (the same loop thread ``aiodist.sync`` uses)
-and returns None, or ``(kind, message)`` when the call itself is refused (the C++ side raises
-it as the matching torch error). When the operation ends, a done-callback on the loop
-completes the torch work (``_finish``/``_fail``), which wakes ``wait()`` and runs the
-work's future callbacks: nothing polls.
+The C++ ``AiodistBackend`` (csrc/aiodist_backend.cpp), or the Python-only level's
+``PythonProcessGroup``, calls one method of ``Adapter`` per operation, passing a fresh work
+and torch's arguments (ranks are ranks within the group, timeouts in milliseconds, -1 for the
+group's own). The method posts the start of aiodist's operation to the runtime loop (the same
+loop thread ``aiodist.sync`` uses) and returns None, or ``(kind, message)`` for an argument
+refused before anything was posted (the caller raises it as the matching torch error); an
+argument aiodist refuses when the operation starts fails the work instead. When the
+operation ends, a done-callback on the loop completes the work (``_finish``/``_fail``), which
+wakes ``wait()`` and hands the work's future to the completer thread: nothing polls.
 """
 
 from __future__ import annotations
