@@ -65,6 +65,10 @@ DEMOS: list[tuple[str, list[str]]] = [
         "DistributedDataParallel: a small model trained on 3 ranks, gradients bucketed during backward",
         [PY, "-m", "aiodist.run", "--nproc-per-node", "3", str(HERE / "ddp_train.py")],
     ),
+    (
+        "unchanged PyTorch (torch's DDP + DistributedSampler) on backend 'aiodist', 2 ranks",
+        [PY, "-m", "aiodist.run", "--nproc-per-node", "2", str(HERE / "torch_ddp_aiodist.py")],
+    ),
 ]
 
 

@@ -1,0 +1,232 @@
+"""The creator torch calls for every process group on "aiodist", and the meshes groups run on.
+
+The default group connects every rank of the job through torch's store (whatever init method
+torch used) and keeps that mesh for the groups created after it: ``new_group(ranks,
+backend="aiodist")`` is then an aiodist group over the same connections (keyed apart by an
+id derived from torch's group name, which every member agrees on). A group created while the
+default group is not on aiodist (e.g. gloo) connects a mesh of its own among its members.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import hashlib
+import logging
+import os
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiodist._loop_thread import LoopThread, get_loop_thread
+from aiodist._staging import CudaStager
+from aiodist.group import ProcessGroup
+from aiodist.rendezvous import local_address_towards
+from aiodist.store import PrefixStore
+from aiodist.torch._adapter import Adapter
+from aiodist.torch._build import ExtensionBuildError, load_extension
+from aiodist.torch._store import TorchStore
+from aiodist.transport.base import Transport
+from aiodist.transport.mesh import claim_rank, connect_mesh
+from aiodist.wire.handshake import secret_from_env
+
+__all__ = ["BACKEND_NAME", "create_backend"]
+
+BACKEND_NAME = "aiodist"
+
+log = logging.getLogger("aiodist")
+
+
+@dataclass
+class _Mesh:
+    """Connections among the members of one group (for the default group: the whole job)."""
+
+    transport: Transport
+    stager: CudaStager
+    groups: list[ProcessGroup] = field(default_factory=list)
+    closed: bool = False
+
+
+_lock = threading.Lock()
+_job_mesh: _Mesh | None = None  # the default group's mesh, shared by later groups
+_open_meshes: list[_Mesh] = []  # closed in order at interpreter exit
+_exit_hook = False
+# How many meshes this process has connected per torch group name. torch may hand a re-created
+# group (destroy, then init again) the same store and name; the count keys each attempt's
+# rendezvous apart, and is the same on every member (each creates the same groups in order).
+_attempts: dict[str, int] = {}
+
+
+def _group_id(name: str) -> int:
+    """The id keeping a group's messages apart on a shared mesh, equal on every member.
+
+    torch names groups "0" (the default group), "1", "2"... in creation order on every rank,
+    or by a hash of their ranks; a decimal name is its own id, any other a 60-bit hash.
+    """
+    if name.isdigit():
+        return int(name)
+    return (1 << 60) | int.from_bytes(hashlib.blake2b(name.encode(), digest_size=7).digest(), "big")
+
+
+def _host_of(store: Any) -> str:
+    """The address peers reach this rank at: the interface towards torch's TCPStore host."""
+    from torch._C._distributed_c10d import PrefixStore as TorchPrefixStore
+    from torch._C._distributed_c10d import TCPStore
+
+    s = store
+    while isinstance(s, TorchPrefixStore):
+        s = s.underlying_store
+    if isinstance(s, TCPStore):
+        return local_address_towards(s.host)
+    return local_address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+
+
+async def _connect(store: Any, rank: int, size: int, name: str, timeout: float) -> _Mesh:
+    attempt = _attempts[name] = _attempts.get(name, 0) + 1
+    aio_store = PrefixStore(f"aiodist/{attempt}", TorchStore(store, timeout))
+    me = await claim_rank(aio_store, rank, size)
+    transport = await connect_mesh(
+        aio_store,
+        me,
+        size,
+        group_name=f"torch/{name}",
+        secret=secret_from_env(),
+        host=_host_of(store),
+        timeout=timeout,
+    )
+    return _Mesh(transport, CudaStager())
+
+
+def _close_mesh(lt: LoopThread, mesh: _Mesh, reason: str) -> None:
+    global _job_mesh
+    with _lock:
+        if mesh.closed:
+            return
+        mesh.closed = True
+        if _job_mesh is mesh:
+            _job_mesh = None
+        if mesh in _open_meshes:
+            _open_meshes.remove(mesh)
+
+    async def close() -> None:
+        for g in mesh.groups:
+            g.abort(reason)
+        await mesh.transport.aclose()
+
+    lt.run(close(), timeout=30)
+    mesh.stager.close()
+
+
+def _close_all_at_exit() -> None:
+    """Leave in order at exit (peers see a goodbye, not a crash), as ``aiodist.sync`` does."""
+    lt = get_loop_thread()
+    for mesh in list(_open_meshes):
+        try:
+            _close_mesh(lt, mesh, "the process is exiting")
+        except Exception as exc:  # exiting anyway; say why the leave was not clean
+            log.debug("aiodist: closing a torch backend mesh at exit failed: %s", exc)
+
+
+def create_backend(opts: Any, backend_options: Any) -> Any:
+    """torch's creator (extended API): build the C++ backend for one group.
+
+    Args:
+        opts: torch's ``_DistributedBackendOptions`` (store, group_rank, group_size, timeout,
+            group_id, global_ranks_in_group: empty for the default group).
+        backend_options: torch's ``pg_options``; the aiodist backend takes none.
+    Raises:
+        ExtensionBuildError: the C++ extension cannot be built here.
+        ValueError: ``pg_options`` was given.
+        DistTimeoutError, DistError: the group's members did not connect.
+    """
+    global _job_mesh, _exit_hook
+    if backend_options is not None:
+        raise ValueError("the aiodist backend takes no pg_options")
+    ext = _extension_or_none()
+    lt = get_loop_thread()
+    rank, size = int(opts.group_rank), int(opts.group_size)
+    timeout = opts.timeout
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    name = str(opts.group_id)
+    global_ranks = [int(r) for r in opts.global_ranks_in_group]
+    is_default = not global_ranks
+
+    with _lock:
+        shared = _job_mesh if not is_default else None
+    if shared is not None and not shared.closed:
+        mesh, owns, ranks, gid = shared, False, global_ranks, _group_id(name)
+    else:
+        mesh = lt.run(_connect(opts.store, rank, size, name, seconds))
+        owns, ranks, gid = True, list(range(size)), 0
+        with _lock:
+            _open_meshes.append(mesh)
+            if is_default:
+                _job_mesh = mesh
+            if not _exit_hook:
+                _exit_hook = True
+                atexit.register(_close_all_at_exit)  # runs before the loop thread stops
+
+    def make_group() -> ProcessGroup:
+        label = "default group" if is_default else f"group {name}"
+        g = ProcessGroup(mesh.transport, ranks, gid, timeout=seconds, backend=BACKEND_NAME, name=label)
+        g.stager = mesh.stager
+        mesh.groups.append(g)
+        return g
+
+    group = lt.call(make_group)
+
+    def shutdown() -> None:
+        if owns:
+            _close_mesh(lt, mesh, "the process group was destroyed")
+            return
+
+        def drop() -> None:
+            group.abort("the process group was destroyed")
+            if group in mesh.groups:
+                mesh.groups.remove(group)
+
+        if not mesh.closed:
+            lt.call(drop)
+
+    adapter = Adapter(group, lt, shutdown)
+    if ext is None:
+        from aiodist.torch._python_pg import PythonProcessGroup
+
+        return PythonProcessGroup(rank, size, adapter)
+    return ext.AiodistBackend(rank, size, adapter)
+
+
+_LEVELS = ("auto", "cpp", "python")
+_warned_fallback = False
+
+
+def _extension_or_none() -> Any:
+    """The C++ extension, or None for the Python-only level.
+
+    ``AIODIST_TORCH_BACKEND``: "cpp" (the extension or an error), "python" (the Python-only
+    level), unset or "auto" (the extension; where it cannot be built, the Python-only level
+    with a warning that says what that level cannot do).
+    """
+    global _warned_fallback
+    level = os.environ.get("AIODIST_TORCH_BACKEND", "").strip().lower() or "auto"
+    if level not in _LEVELS:
+        raise ValueError(f"AIODIST_TORCH_BACKEND must be one of {', '.join(_LEVELS)}, got {level!r}")
+    if level == "python":
+        return None
+    try:
+        return load_extension()
+    except ExtensionBuildError as exc:
+        if level == "cpp":
+            raise
+        if not _warned_fallback:
+            _warned_fallback = True
+            warnings.warn(
+                f"{exc}\nFalling back to aiodist's Python-only torch backend: torch's collectives, "
+                "point-to-point calls, object collectives, barriers, DistributedSampler and "
+                "DistributedDataParallel work; FSDP2, DeviceMesh/DTensor and functional "
+                "collectives do not (they need the extension). Set AIODIST_TORCH_BACKEND=cpp to make this an error.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return None

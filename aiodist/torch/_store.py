@@ -1,0 +1,101 @@
+"""aiodist's async ``Store`` interface over a torch ``c10d.Store``.
+
+torch hands a backend the store its init method built (TCPStore, FileStore, HashStore, a
+user's store, under a per-group prefix), so whatever ``init_process_group`` accepted also
+connects aiodist's peers. torch's store calls block (releasing the GIL); each runs in a worker
+thread so the runtime loop keeps running meanwhile. The store is only used while a group
+connects its peers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from aiodist.errors import DistStoreError, DistTimeoutError
+from aiodist.store.base import Store, Timeout, Value, as_bytes, as_seconds, validate_key, validate_keys
+
+__all__ = ["TorchStore"]
+
+T = TypeVar("T")
+
+
+class TorchStore(Store):
+    """Adapt the torch store ``store`` (blocking) to aiodist's async ``Store``."""
+
+    def __init__(self, store: Any, timeout: float) -> None:
+        self._store = store
+        self._timeout = timeout
+
+    async def _run(self, what: str, fn: Callable[[], T]) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(None, fn)
+        except Exception as exc:
+            if isinstance(exc, DistTimeoutError | DistStoreError):
+                raise
+            text = str(exc)
+            if "timeout" in text.lower() or "timed out" in text.lower():
+                raise DistTimeoutError(f"torch store {what}: {text}") from exc
+            raise DistStoreError(f"torch store {what} failed: {text}") from exc
+
+    async def aclose(self) -> None:
+        """The store belongs to torch: nothing to release."""
+
+    def abort(self) -> None:
+        """The store belongs to torch: nothing to release."""
+
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    def set_timeout(self, timeout: Timeout) -> None:
+        self._timeout = as_seconds(timeout)
+
+    async def set(self, key: str, value: Value) -> None:
+        data = as_bytes(value)
+        await self._run("set", functools.partial(self._store.set, validate_key(key), data))
+
+    async def get(self, key: str) -> bytes:
+        return bytes(await self._run("get", functools.partial(self._store.get, validate_key(key))))
+
+    async def add(self, key: str, amount: int) -> int:
+        return int(await self._run("add", functools.partial(self._store.add, validate_key(key), amount)))
+
+    async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
+        fn = functools.partial(
+            self._store.compare_set, validate_key(key), as_bytes(expected), as_bytes(desired)
+        )
+        return bytes(await self._run("compare_set", fn))
+
+    async def wait(self, keys: Sequence[str], timeout: Timeout | None = None) -> None:
+        seconds = self._timeout if timeout is None else as_seconds(timeout)
+        # torch reads a zero timedelta as "no limit"; the smallest positive wait stands for it.
+        delta = datetime.timedelta(seconds=max(seconds, 0.001))
+        await self._run("wait", functools.partial(self._store.wait, validate_keys(keys), delta))
+
+    async def check(self, keys: Sequence[str]) -> bool:
+        return bool(await self._run("check", functools.partial(self._store.check, validate_keys(keys))))
+
+    async def delete_key(self, key: str) -> bool:
+        return bool(
+            await self._run("delete_key", functools.partial(self._store.delete_key, validate_key(key)))
+        )
+
+    async def num_keys(self) -> int:
+        return int(await self._run("num_keys", self._store.num_keys))
+
+    async def append(self, key: str, value: Value) -> None:
+        fn = functools.partial(self._store.append, validate_key(key), as_bytes(value))
+        await self._run("append", fn)
+
+    async def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        values = await self._run("multi_get", functools.partial(self._store.multi_get, validate_keys(keys)))
+        return [bytes(v) for v in values]
+
+    async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
+        data = [as_bytes(v) for v in values]
+        await self._run("multi_set", functools.partial(self._store.multi_set, validate_keys(keys), data))
