@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,12 @@ def _ops(rank: int, world_size: int) -> dict[str, Any]:
     lst = [torch.zeros(2) for _ in range(n)]
     dist.all_gather(lst, torch.full((2,), float(r)))
     out["all_gather"] = [x.tolist() for x in lst]
+    # torch's layout: outputs[k][i] receives input i of rank k (inputs of different sizes)
+    coalesced = [[torch.zeros(2), torch.zeros(3)] for _ in range(n)]
+    with warnings.catch_warnings():  # torch deprecates all_gather_coalesced
+        warnings.simplefilter("ignore")
+        dist.all_gather_coalesced(coalesced, [torch.full((2,), float(r)), torch.full((3,), 10.0 * r)])
+    out["all_gather_coalesced"] = [[x.tolist() for x in row] for row in coalesced]
     big = torch.zeros(2 * n)
     dist.all_gather_into_tensor(big, torch.full((2,), float(r)))
     out["all_gather_into_tensor"] = big.tolist()
@@ -336,6 +343,7 @@ def test_frontend_ops_on_three_ranks(level: str) -> None:
         assert out["broadcast"] == [float(n - 1)] * 3
         assert out["reduce"] == ([float(n * (n + 1) // 2)] * 2 if r == 1 else None)
         assert out["all_gather"] == [[float(k)] * 2 for k in range(n)]
+        assert out["all_gather_coalesced"] == [[[float(k)] * 2, [10.0 * k] * 3] for k in range(n)]
         assert out["all_gather_into_tensor"] == [float(k) for k in range(n) for _ in range(2)]
         assert out["gather"] == ([0.0, 10.0, 20.0] if r == 0 else None)
         assert out["scatter"] == 100.0 * r

@@ -51,10 +51,12 @@ def error_kind(exc: BaseException) -> tuple[int, str]:
         return _BACKEND, f"DistTimeoutError: {msg}"
     if isinstance(exc, CollectiveMismatchError):
         return _BACKEND, f"CollectiveMismatchError: {msg}"
-    if isinstance(exc, ValueError):
-        return _VALUE, msg
+    # TypeError first: an unsupported reduction (UnsupportedReduceError) is both, and torch
+    # calls a wrong dtype a TypeError.
     if isinstance(exc, TypeError):
         return _TYPE, msg
+    if isinstance(exc, ValueError):
+        return _VALUE, msg
     if isinstance(exc, DistError):
         return _DIST, msg
     return _RUNTIME, f"{type(exc).__name__}: {msg}"
@@ -209,7 +211,26 @@ class Adapter:
             ],
         )
 
-    allgather_coalesced = allgather
+    def allgather_coalesced(
+        self, work: Any, outputs: list[list[Any]], inputs: list[Any], timeout_ms: int
+    ) -> Refusal:
+        """torch's layout: ``outputs[r][i]`` receives input ``i`` of group rank ``r``."""
+        g, t = self.group, _timeout(timeout_ms)
+        if len(outputs) != g.size:
+            return _VALUE, f"all_gather_coalesced: {len(outputs)} output lists for a group of size {g.size}"
+        for r, row in enumerate(outputs):
+            if len(row) != len(inputs):
+                return (
+                    _VALUE,
+                    f"all_gather_coalesced: output list {r} has {len(row)} tensors for {len(inputs)} inputs",
+                )
+        return self._start(
+            work,
+            [
+                functools.partial(_collectives.all_gather, [row[i] for row in outputs], x, g, timeout=t)
+                for i, x in enumerate(inputs)
+            ],
+        )
 
     def allgather_into_tensor(
         self, work: Any, outputs: list[Any], inputs: list[Any], timeout_ms: int
