@@ -509,7 +509,7 @@ T = 3.0  # the group timeout of the timeout tests
 def _timeout(rank: int, world_size: int) -> dict[str, Any]:
     import torch.distributed as dist
 
-    import aiodist.torch  # noqa: F401
+    import aiodist.torch
 
     dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=T))
     out: dict[str, Any] = {}
@@ -524,8 +524,10 @@ def _timeout(rank: int, world_size: int) -> dict[str, Any]:
         out["late_op"] = t.tolist()
     except Exception as exc:
         out["error"] = (type(exc).__name__, str(exc), time.monotonic() - t0)
-    # the group goes on: the next operations are matched and exact on both ranks
-    time.sleep(0.5 if rank == 0 else 0.0)
+    # the ranks disagree about that all_reduce: every member resyncs, then the group goes on,
+    # its next operations matched and exact on both ranks
+    report = aiodist.torch.resync()
+    out["report"] = (report.next_op, report.ranks_at)
     t = torch.full((4,), float(rank + 1))
     dist.all_reduce(t)
     out["after"] = t.tolist()
@@ -535,14 +537,18 @@ def _timeout(rank: int, world_size: int) -> dict[str, Any]:
 
 
 @needs_compiler
-def test_timeout_names_the_late_rank_and_does_not_poison_the_group() -> None:
+def test_timeout_names_the_late_rank_and_resync_brings_the_group_back() -> None:
     res = spawn(_timeout, 2, timeout=90, env=ENV)
     name, msg, took = res[0]["error"]
     assert name == "DistBackendError", res[0]
-    assert "timed out" in msg and "rank 1" in msg, msg
+    assert msg.startswith("DistTimeoutError:") and "rank 1 never entered it" in msg, msg
     assert T - 0.1 <= took < T + 2.0, took
-    assert res[1]["late_op"] == [3.0] * 8  # rank 0's data was there; rank 1 completes
+    # the late rank is told at once that the group is out of step, and how to recover
+    name, msg, took = res[1]["error"]
+    assert name == "DistBackendError" and msg.startswith("GroupOutOfStepError:"), res[1]
+    assert "aiodist.torch.resync" in msg and took < 1.0, (msg, took)
     for out in res:
+        assert out["report"] == (2, {0: 2, 1: 1})  # rank 1 had not entered all_reduce #1
         assert out["after"] == [3.0] * 4
 
 

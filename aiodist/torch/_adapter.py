@@ -27,6 +27,7 @@ from aiodist.errors import (
     DistNetworkError,
     DistStoreError,
     DistTimeoutError,
+    GroupOutOfStepError,
 )
 from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp
@@ -51,6 +52,8 @@ def error_kind(exc: BaseException) -> tuple[int, str]:
         return _BACKEND, f"DistTimeoutError: {msg}"
     if isinstance(exc, CollectiveMismatchError):
         return _BACKEND, f"CollectiveMismatchError: {msg}"
+    if isinstance(exc, GroupOutOfStepError):
+        return _BACKEND, f"GroupOutOfStepError: {msg} (a torch process group: aiodist.torch.resync(group))"
     # TypeError first: an unsupported reduction (UnsupportedReduceError) is both, and torch
     # calls a wrong dtype a TypeError.
     if isinstance(exc, TypeError):
@@ -350,6 +353,12 @@ class Adapter:
         except Exception as exc:
             return error_kind(exc)
         return None
+
+    def resync(self, timeout: float | None) -> Any:
+        """Blocking: bring the group back in step (every member calls it); the ResyncReport."""
+        if self._lt.in_loop_thread():
+            raise DistError("resync called on aiodist's runtime loop thread")
+        return self._lt.call_until_done(lambda: self.group.resync(timeout)._future)
 
     # -- point-to-point -------------------------------------------------------------------
     def send(self, work: Any, tensors: list[Any], dst: int, tag: int) -> Refusal:
