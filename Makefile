@@ -36,8 +36,10 @@ test-gpu: install
 	@$(PY) -c "import torch; n = torch.cuda.device_count() if torch.cuda.is_available() else 0; print(f'test-gpu: {n} CUDA device(s) (torch {torch.__version__})' if n else f'test-gpu: no CUDA device (torch {torch.__version__}): the GPU tests will be skipped')"
 	$(PY) -m pytest -q -rs tests/test_cuda.py tests/test_staging.py tests/test_engine.py
 
-# PyTorch's own distributed test suite (shipped in the torch wheel) on real gloo, then on aiodist.sync,
-# world sizes 2 and 3; its test harness needs expecttest. Pass options with ARGS, e.g. ARGS="-k test_all_reduce*".
+# PyTorch's own distributed test suite (shipped in the torch wheel) on real gloo, then on aiodist two
+# ways: through aiodist.sync (facade) and unmodified on the torch backend "aiodist" (backend), world
+# sizes 2 and 3; its test harness needs expecttest. Options go through ARGS, e.g.
+# ARGS="--mode gloo --mode backend -k test_all_reduce*".
 test-torch-suite: install
 	$(PY) -m pip install -q $(PIP_FLAGS) expecttest
 	$(PY) tests/torch_suite/run.py -j 2 $(ARGS)
@@ -48,7 +50,8 @@ $(BENCH_STAMP): $(STAMP)
 	touch $(BENCH_STAMP)
 
 # nccl-tests style tables, aiodist (both faces) vs gloo, 2 and 4 ranks, with the memory probe and
-# the targets of BENCHMARKS.md; then the DDP step benchmark.
+# the targets of BENCHMARKS.md; then the DDP step benchmark: aiodist.parallel's DDP, torch's DDP on
+# gloo and torch's DDP on the backend "aiodist", in the same run.
 bench: $(BENCH_STAMP)
 	mkdir -p $(BENCH_OUT)
 	$(PY) -m aiodist.bench --compare gloo --memory --targets --json $(BENCH_OUT)/bench.json --plot $(BENCH_OUT)/algbw.png

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,12 @@ def _ops(rank: int, world_size: int) -> dict[str, Any]:
     lst = [torch.zeros(2) for _ in range(n)]
     dist.all_gather(lst, torch.full((2,), float(r)))
     out["all_gather"] = [x.tolist() for x in lst]
+    # torch's layout: outputs[k][i] receives input i of rank k (inputs of different sizes)
+    coalesced = [[torch.zeros(2), torch.zeros(3)] for _ in range(n)]
+    with warnings.catch_warnings():  # torch deprecates all_gather_coalesced
+        warnings.simplefilter("ignore")
+        dist.all_gather_coalesced(coalesced, [torch.full((2,), float(r)), torch.full((3,), 10.0 * r)])
+    out["all_gather_coalesced"] = [[x.tolist() for x in row] for row in coalesced]
     big = torch.zeros(2 * n)
     dist.all_gather_into_tensor(big, torch.full((2,), float(r)))
     out["all_gather_into_tensor"] = big.tolist()
@@ -336,6 +343,7 @@ def test_frontend_ops_on_three_ranks(level: str) -> None:
         assert out["broadcast"] == [float(n - 1)] * 3
         assert out["reduce"] == ([float(n * (n + 1) // 2)] * 2 if r == 1 else None)
         assert out["all_gather"] == [[float(k)] * 2 for k in range(n)]
+        assert out["all_gather_coalesced"] == [[[float(k)] * 2, [10.0 * k] * 3] for k in range(n)]
         assert out["all_gather_into_tensor"] == [float(k) for k in range(n) for _ in range(2)]
         assert out["gather"] == ([0.0, 10.0, 20.0] if r == 0 else None)
         assert out["scatter"] == 100.0 * r
@@ -501,7 +509,7 @@ T = 3.0  # the group timeout of the timeout tests
 def _timeout(rank: int, world_size: int) -> dict[str, Any]:
     import torch.distributed as dist
 
-    import aiodist.torch  # noqa: F401
+    import aiodist.torch
 
     dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=T))
     out: dict[str, Any] = {}
@@ -516,8 +524,10 @@ def _timeout(rank: int, world_size: int) -> dict[str, Any]:
         out["late_op"] = t.tolist()
     except Exception as exc:
         out["error"] = (type(exc).__name__, str(exc), time.monotonic() - t0)
-    # the group goes on: the next operations are matched and exact on both ranks
-    time.sleep(0.5 if rank == 0 else 0.0)
+    # the ranks disagree about that all_reduce: every member resyncs, then the group goes on,
+    # its next operations matched and exact on both ranks
+    report = aiodist.torch.resync()
+    out["report"] = (report.next_op, report.ranks_at)
     t = torch.full((4,), float(rank + 1))
     dist.all_reduce(t)
     out["after"] = t.tolist()
@@ -527,14 +537,18 @@ def _timeout(rank: int, world_size: int) -> dict[str, Any]:
 
 
 @needs_compiler
-def test_timeout_names_the_late_rank_and_does_not_poison_the_group() -> None:
+def test_timeout_names_the_late_rank_and_resync_brings_the_group_back() -> None:
     res = spawn(_timeout, 2, timeout=90, env=ENV)
     name, msg, took = res[0]["error"]
     assert name == "DistBackendError", res[0]
-    assert "timed out" in msg and "rank 1" in msg, msg
+    assert msg.startswith("DistTimeoutError:") and "rank 1 never entered it" in msg, msg
     assert T - 0.1 <= took < T + 2.0, took
-    assert res[1]["late_op"] == [3.0] * 8  # rank 0's data was there; rank 1 completes
+    # the late rank is told at once that the group is out of step, and how to recover
+    name, msg, took = res[1]["error"]
+    assert name == "DistBackendError" and msg.startswith("GroupOutOfStepError:"), res[1]
+    assert "aiodist.torch.resync" in msg and took < 1.0, (msg, took)
     for out in res:
+        assert out["report"] == (2, {0: 2, 1: 1})  # rank 1 had not entered all_reduce #1
         assert out["after"] == [3.0] * 4
 
 

@@ -1,8 +1,15 @@
-"""DDP step time, aiodist vs torch's DDP on gloo, and how much communication hides behind backward.
+"""DDP step time: aiodist's DDP, torch's DDP on gloo and on "aiodist"; how much communication hides.
 
 ``python -m aiodist.parallel.bench_ddp [--world-size 2] [--layers 6] [--width 2048] [--json FILE]``
 
-Each rank runs both implementations in one process on the same model (by default six 2048x2048
+Three implementations, all by default (``--impl`` picks):
+
+- ``aiodist``: ``aiodist.parallel.DistributedDataParallel`` on ``aiodist.sync``;
+- ``torch``: torch's ``DistributedDataParallel`` on gloo;
+- ``torch-aiodist``: torch's ``DistributedDataParallel`` on a group of the torch backend
+  "aiodist" (``import aiodist.torch``; its C++ extension is built on first use).
+
+Each rank runs them in one process on the same model (by default six 2048x2048
 linear layers: 25.2M parameters, 100 MB of float32 gradients) and measures, as medians over the
 timed steps (``--stat min``: minimum; ranks aligned by a barrier before each):
 
@@ -39,10 +46,18 @@ def _model(layers: int, width: int, seed: int) -> Any:
     return torch.nn.Sequential(*mods)
 
 
-class _Impl:
-    """One implementation's DDP around its own copy of the model, and its three timed actions."""
+IMPLS = ("aiodist", "torch", "torch-aiodist")
 
-    def __init__(self, impl: str, rank: int, cfg: dict[str, Any]) -> None:
+
+class _Impl:
+    """One implementation's DDP around its own copy of the model, and its three timed actions.
+
+    ``group``: for "torch-aiodist", torch's process group on the backend "aiodist".
+    """
+
+    def __init__(self, impl: str, rank: int, cfg: dict[str, Any], group: Any = None) -> None:
+        import functools
+
         import torch
         import torch.distributed as tdist
 
@@ -51,10 +66,10 @@ class _Impl:
 
         self.model = _model(cfg["layers"], cfg["width"], seed=rank)
         self.x = torch.randn(cfg["batch"], cfg["width"], generator=torch.Generator().manual_seed(rank))
-        if impl == "torch":
-            self.ddp: Any = torch.nn.parallel.DistributedDataParallel(self.model)
-            self.barrier: Any = tdist.barrier
-            self.all_reduce: Any = tdist.all_reduce
+        if impl in ("torch", "torch-aiodist"):  # group None: torch's default group (gloo)
+            self.ddp: Any = torch.nn.parallel.DistributedDataParallel(self.model, process_group=group)
+            self.barrier: Any = functools.partial(tdist.barrier, group=group)
+            self.all_reduce: Any = functools.partial(tdist.all_reduce, group=group)
         else:
             self.ddp = DistributedDataParallel(self.model)
             self.barrier = adist.barrier
@@ -81,7 +96,14 @@ class _Impl:
 def _measure(rank: int, cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Time each action of each implementation, interleaving the implementations step by step
     so that both see the same background load."""
-    impls = {name: _Impl(name, rank, cfg) for name in cfg["impls"]}
+    import torch.distributed as tdist
+
+    group = None
+    if "torch-aiodist" in cfg["impls"]:
+        import aiodist.torch
+
+        group = tdist.new_group(backend=aiodist.torch.BACKEND_NAME)
+    impls = {name: _Impl(name, rank, cfg, group) for name in cfg["impls"]}
     out: dict[str, dict[str, Any]] = {name: {} for name in impls}
     for action in ("step", "compute", "comm"):
         times: dict[str, list[float]] = {name: [] for name in impls}
@@ -131,7 +153,7 @@ def run(
     warmup: int = 2,
     steps: int = 8,
     threads: int | None = None,
-    impls: Sequence[str] = ("torch", "aiodist"),
+    impls: Sequence[str] = IMPLS,
     timeout: float = 900.0,
     stat: str = "median",
 ) -> dict[str, Any]:
@@ -173,11 +195,11 @@ def format_table(report: dict[str, Any]) -> str:
         f"DDP step: {cfg['params'] / 1e6:.1f}M float32 parameters ({cfg['params'] * 4 / 2**20:.0f} MiB of "
         f"gradients), {cfg['world_size']} ranks, batch {cfg['batch']}, {cfg['threads']} torch thread(s) per rank, "
         f"{cfg['stat']} of {cfg['steps']} steps",
-        f"{'impl':<10}{'step ms':>10}{'compute ms':>12}{'comm ms':>10}{'exposed ms':>12}{'hidden':>9}",
+        f"{'impl':<15}{'step ms':>10}{'compute ms':>12}{'comm ms':>10}{'exposed ms':>12}{'hidden':>9}",
     ]
     for impl, row in res.items():
         lines.append(
-            f"{impl:<10}{row['step']:>10.1f}{row['compute']:>12.1f}{row['comm']:>10.1f}"
+            f"{impl:<15}{row['step']:>10.1f}{row['compute']:>12.1f}{row['comm']:>10.1f}"
             f"{row['exposed']:>12.1f}{row['hidden'] * 100:>8.0f}%"
         )
     if "bucket_starts" in res.get("aiodist", {}):
@@ -188,8 +210,9 @@ def format_table(report: dict[str, Any]) -> str:
             f"gradient hook; backward ended at {row['backward_end']:g} ms, averaged grads ready at "
             f"{row['grads_ready']:g} ms"
         )
-    if "torch" in res and "aiodist" in res:
-        lines.append(f"step time aiodist / torch: {res['aiodist']['step'] / res['torch']['step']:.2f}x")
+    for impl in ("aiodist", "torch-aiodist"):
+        if "torch" in res and impl in res:
+            lines.append(f"step time {impl} / torch: {res[impl]['step'] / res['torch']['step']:.2f}x")
     return "\n".join(lines)
 
 
@@ -206,13 +229,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads per rank (default: cores / ranks)"
     )
-    parser.add_argument("--impl", choices=["both", "torch", "aiodist"], default="both")
+    parser.add_argument(
+        "--impl",
+        dest="impls",
+        action="append",
+        choices=IMPLS,
+        help="aiodist (aiodist.parallel), torch (torch's DDP on gloo), torch-aiodist (torch's DDP on "
+        'the backend "aiodist"); repeat for several (default: all three)',
+    )
     parser.add_argument(
         "--stat", choices=["median", "min"], default="median", help="min is steadier on a loaded machine"
     )
     parser.add_argument("--json", metavar="FILE", help="also save the figures as JSON")
     args = parser.parse_args(argv)
-    impls = ("torch", "aiodist") if args.impl == "both" else (args.impl,)
+    impls = tuple(i for i in IMPLS if i in (args.impls or IMPLS))
     report = run(
         args.world_size,
         args.layers,

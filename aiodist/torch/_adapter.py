@@ -27,6 +27,7 @@ from aiodist.errors import (
     DistNetworkError,
     DistStoreError,
     DistTimeoutError,
+    GroupOutOfStepError,
 )
 from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp
@@ -51,10 +52,14 @@ def error_kind(exc: BaseException) -> tuple[int, str]:
         return _BACKEND, f"DistTimeoutError: {msg}"
     if isinstance(exc, CollectiveMismatchError):
         return _BACKEND, f"CollectiveMismatchError: {msg}"
-    if isinstance(exc, ValueError):
-        return _VALUE, msg
+    if isinstance(exc, GroupOutOfStepError):
+        return _BACKEND, f"GroupOutOfStepError: {msg} (a torch process group: aiodist.torch.resync(group))"
+    # TypeError first: an unsupported reduction (UnsupportedReduceError) is both, and torch
+    # calls a wrong dtype a TypeError.
     if isinstance(exc, TypeError):
         return _TYPE, msg
+    if isinstance(exc, ValueError):
+        return _VALUE, msg
     if isinstance(exc, DistError):
         return _DIST, msg
     return _RUNTIME, f"{type(exc).__name__}: {msg}"
@@ -209,7 +214,26 @@ class Adapter:
             ],
         )
 
-    allgather_coalesced = allgather
+    def allgather_coalesced(
+        self, work: Any, outputs: list[list[Any]], inputs: list[Any], timeout_ms: int
+    ) -> Refusal:
+        """torch's layout: ``outputs[r][i]`` receives input ``i`` of group rank ``r``."""
+        g, t = self.group, _timeout(timeout_ms)
+        if len(outputs) != g.size:
+            return _VALUE, f"all_gather_coalesced: {len(outputs)} output lists for a group of size {g.size}"
+        for r, row in enumerate(outputs):
+            if len(row) != len(inputs):
+                return (
+                    _VALUE,
+                    f"all_gather_coalesced: output list {r} has {len(row)} tensors for {len(inputs)} inputs",
+                )
+        return self._start(
+            work,
+            [
+                functools.partial(_collectives.all_gather, [row[i] for row in outputs], x, g, timeout=t)
+                for i, x in enumerate(inputs)
+            ],
+        )
 
     def allgather_into_tensor(
         self, work: Any, outputs: list[Any], inputs: list[Any], timeout_ms: int
@@ -329,6 +353,12 @@ class Adapter:
         except Exception as exc:
             return error_kind(exc)
         return None
+
+    def resync(self, timeout: float | None) -> Any:
+        """Blocking: bring the group back in step (every member calls it); the ResyncReport."""
+        if self._lt.in_loop_thread():
+            raise DistError("resync called on aiodist's runtime loop thread")
+        return self._lt.call_until_done(lambda: self.group.resync(timeout)._future)
 
     # -- point-to-point -------------------------------------------------------------------
     def send(self, work: Any, tensors: list[Any], dst: int, tag: int) -> Refusal:

@@ -56,6 +56,7 @@ _exit_hook = False
 # group (destroy, then init again) the same store and name; the count keys each attempt's
 # rendezvous apart, and is the same on every member (each creates the same groups in order).
 _attempts: dict[str, int] = {}
+_adapters: dict[str, Adapter] = {}  # by torch group name, while the group lives (see resync)
 
 
 def _group_id(name: str) -> int:
@@ -177,6 +178,9 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
     group = lt.call(make_group)
 
     def shutdown() -> None:
+        with _lock:
+            if _adapters.get(name) is adapter:
+                del _adapters[name]
         if owns:
             _close_mesh(lt, mesh, "the process group was destroyed")
             return
@@ -190,11 +194,19 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
             lt.call(drop)
 
     adapter = Adapter(group, lt, shutdown)
+    with _lock:
+        _adapters[name] = adapter
     if ext is None:
         from aiodist.torch._python_pg import PythonProcessGroup
 
         return PythonProcessGroup(rank, size, adapter)
     return ext.AiodistBackend(rank, size, adapter)
+
+
+def adapter_of(group_name: str) -> Adapter | None:
+    """The adapter of this process's torch group named ``group_name`` on "aiodist", if any."""
+    with _lock:
+        return _adapters.get(group_name)
 
 
 _LEVELS = ("auto", "cpp", "python")

@@ -187,6 +187,13 @@ class PythonProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
             [x for o in outputs for x in o], lambda w: self._adapter.allgather(w, outputs, inputs, t)
         )
 
+    def allgather_coalesced(self, outputs: list[list[Any]], inputs: list[Any], opts: Any = None) -> _Work:
+        t = _ms(opts.timeout) if opts is not None else -1
+        return self._run(
+            [x for o in outputs for x in o],
+            lambda w: self._adapter.allgather_coalesced(w, outputs, inputs, t),
+        )
+
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> _Work:
         t = _ms(opts.timeout) if opts is not None else -1
         return self._run([output], lambda w: self._adapter.allgather_into_tensor(w, [output], [input], t))

@@ -3,10 +3,12 @@
 Imported by the driver and by every rank process it starts (``spawn`` re-imports it there),
 so the swap below happens in each of them. The environment decides:
 
-- ``BACKEND`` (gloo), ``WORLD_SIZE``, ``INIT_METHOD`` (file:// or env://): read by torch's
-  module at import time, as upstream;
-- ``AIODIST_TORCH_SUITE``: "aiodist" swaps the module's ``dist`` (and the names it imported
-  from ``torch.distributed``) for ``aiodist.sync``; "gloo" leaves torch's own;
+- ``BACKEND`` (gloo, or aiodist for the backend variant), ``WORLD_SIZE``, ``INIT_METHOD``
+  (file:// or env://): read by torch's module at import time, as upstream;
+- ``AIODIST_TORCH_SUITE``: "gloo" leaves torch's own; "facade" swaps the module's ``dist``
+  (and the names it imported from ``torch.distributed``) for ``aiodist.sync``; "backend"
+  leaves the module as it is and registers the backend "aiodist" (``import aiodist.torch``), so
+  that with BACKEND=aiodist every group the suite creates is on aiodist;
 - ``AIODIST_TORCH_SUITE_START``: "spawn" (upstream's) or "fork" (no torch import per rank).
 """
 
@@ -21,13 +23,33 @@ os.environ.setdefault("TEMP_DIR", tempfile.gettempdir())
 
 import torch
 import torch.testing._internal.common_distributed as common_distributed
-import torch.testing._internal.distributed.distributed_test as dt
-from torch.testing._internal.common_distributed import MultiProcessTestCase
+from torch.testing._internal.common_distributed import DistTestCases, MultiProcessTestCase
 
 VARIANT = os.environ.get("AIODIST_TORCH_SUITE", "gloo")
 START_METHOD = os.environ.get("AIODIST_TORCH_SUITE_START", "spawn")
+VARIANTS = ("gloo", "facade", "backend")
+if VARIANT not in VARIANTS:
+    raise SystemExit(f"AIODIST_TORCH_SUITE must be one of {', '.join(VARIANTS)}, not {VARIANT!r}")
 
-if VARIANT == "aiodist":
+# What the backend variant declares about "aiodist" through the suite's own table of backend
+# features, which its decorators read when the module is imported (so: before the import).
+# "plugin": a backend registered from outside torch is available; "ddp": torch's DDP runs on
+# it; "subgroup": new_group(...) works. Not declared: "gpu"/"cuda" (the backend registers for
+# CPU tensors only), and nothing in ``skip_collective`` (aiodist lacks none of those).
+DECLARED_FEATURES = ("plugin", "ddp", "subgroup")
+
+if VARIANT == "backend":
+    if os.environ["BACKEND"] != "aiodist":
+        raise SystemExit("the backend variant runs with BACKEND=aiodist")
+    import aiodist.torch
+
+    aiodist.torch.build()  # once here: forked ranks inherit the loaded extension
+    for feature in DECLARED_FEATURES:
+        DistTestCases.backend_feature[feature].add(aiodist.torch.BACKEND_NAME)
+
+import torch.testing._internal.distributed.distributed_test as dt  # noqa: E402
+
+if VARIANT == "facade":
     import aiodist.sync
 
     # The suite calls ``dist.<name>`` throughout; it also imported ``get_world_size`` by name.
@@ -45,8 +67,6 @@ if VARIANT == "aiodist":
     # The harness (e.g. ``with_dist_debug_levels``: set the level, run, then ``c10d.barrier()``)
     # calls torch.distributed as ``c10d``; on aiodist it must reach the runtime the test uses.
     common_distributed.c10d = _Prefer()  # type: ignore[assignment]
-elif VARIANT != "gloo":
-    raise SystemExit(f"AIODIST_TORCH_SUITE must be 'gloo' or 'aiodist', not {VARIANT!r}")
 
 
 class TestDistBackendWithSpawn(dt.TestDistBackend, dt.DistributedTest._DistTestBase):
