@@ -1,7 +1,7 @@
 """Staging through host buffers, on CPU: the pool's contract (reuse, size buckets, bound, release on
 destroy) and every operation staged through ``HostStager`` -- the CPU twin of ``CudaStager``
 with the same contract -- over the memory transport and over TCP in both faces. Only the
-device hop itself (streams, events, pinned memory) is left to tests/test_cuda.py."""
+device hop itself (streams, events, pinned memory) is left to tests/integration/test_cuda.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from suite_common import async_suite, check_async_suite, check_sync_suite, sync_suite
+from support.suite import async_suite, check_async_suite, check_sync_suite, sync_suite
 
 import aiodist as dist
 from aiodist import _staging, _tensors, _world
