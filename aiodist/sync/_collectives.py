@@ -52,12 +52,55 @@ def broadcast(
     async_op: bool = False,
     group_src: int | None = None,
 ) -> Work | None:
+    """Copy the ``tensor`` of global rank ``src`` into ``tensor`` on every member of ``group``, in place.
+
+    Args:
+        tensor: the data on ``src``; where it is written on the others (same size and dtype).
+        src: the source's global rank; or ``group_src``, its rank within ``group`` (one of them).
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     return run_op("broadcast", lambda t: _c.broadcast(t, resolved(src), group), async_op, tensor)  # type: ignore[no-any-return]
 
 
 @torch_op()
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
-    """torch's ``all_reduce``; a sparse COO tensor is summed as gloo does (see ``_sparse``)."""
+    """Reduce ``tensor`` element-wise across ``group``, in place; every member gets identical bytes.
+
+    Args:
+        tensor: a tensor or array (a sparse COO tensor is summed as gloo does).
+        op: a ``ReduceOp`` (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR).
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     if op is not ReduceOp.SUM:
         check_complex_op("all_reduce", op, [tensor])
     try:
@@ -77,11 +120,56 @@ def reduce(
     async_op: bool = False,
     group_dst: int | None = None,
 ) -> Work | None:
+    """Reduce every member's ``tensor`` into the ``tensor`` of global rank ``dst`` (others' are not written).
+
+    Args:
+        tensor: the input; on ``dst`` also the output.
+        dst: the destination's global rank; or ``group_dst``, its rank within ``group``.
+        op: a ``ReduceOp``.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     return run_op("reduce", lambda t: _c.reduce(t, resolved(dst), op, group), async_op, tensor)  # type: ignore[no-any-return]
 
 
 @torch_op()
 def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
+    """``tensor_list[i]`` = the ``tensor`` of group rank ``i``, on every member.
+
+    Args:
+        tensor_list: one output tensor per member, each the size and dtype of ``tensor``.
+        tensor: this rank's input.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     return run_out_in("all_gather", lambda o, i: _c.all_gather(o, i, group), async_op, tensor_list, tensor)
 
 
@@ -89,6 +177,28 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool 
 def all_gather_into_tensor(
     output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False
 ) -> Work | None:
+    """``output_tensor`` = every member's ``input_tensor`` end to end, in group-rank order.
+
+    Args:
+        output_tensor: group size times the size of ``input_tensor`` (flat or stacked along dim 0).
+        input_tensor: this rank's input.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     return run_out_in(
         "_allgather_base",
         lambda o, i: _c.all_gather_into_tensor(o, i, group),
@@ -111,6 +221,29 @@ def gather(
     async_op: bool = False,
     group_dst: int | None = None,
 ) -> Work | None:
+    """Collect every member's ``tensor`` into ``gather_list`` on global rank ``dst``.
+
+    Args:
+        tensor: this rank's input.
+        gather_list: on ``dst``, one output tensor per member; elsewhere None.
+        dst: the destination's global rank (default 0); or ``group_dst``, its rank within ``group``.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     return run_op(  # type: ignore[no-any-return]
         "gather", lambda t, o: _c.gather(t, o, resolved(dst), group), async_op, tensor, gather_list, inputs=0
     )
@@ -125,6 +258,29 @@ def scatter(
     async_op: bool = False,
     group_src: int | None = None,
 ) -> Work | None:
+    """Member ``i``'s ``tensor`` = ``scatter_list[i]`` of global rank ``src``.
+
+    Args:
+        tensor: the output.
+        scatter_list: on ``src``, one input tensor per member; elsewhere None.
+        src: the source's global rank (default 0); or ``group_src``, its rank within ``group``.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     return run_out_in(
         "scatter", lambda t, i: _c.scatter(t, i, resolved(src), group), async_op, tensor, scatter_list
     )
@@ -134,6 +290,29 @@ def scatter(
 def reduce_scatter(
     output: Any, input_list: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
 ) -> Work | None:
+    """``output`` on group rank ``r`` = the reduction over members of their ``input_list[r]``.
+
+    Args:
+        output: this rank's block of the result.
+        input_list: one tensor per member, each the size and dtype of ``output``.
+        op: a ``ReduceOp``.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     return run_out_in(
         "reduce_scatter", lambda o, i: _c.reduce_scatter(o, i, op, group), async_op, output, input_list
     )
@@ -143,6 +322,29 @@ def reduce_scatter(
 def reduce_scatter_tensor(
     output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
 ) -> Work | None:
+    """As ``reduce_scatter`` with ``input`` cut into group-size equal blocks.
+
+    Args:
+        output: this rank's block of the result.
+        input: group size times the size of ``output``.
+        op: a ``ReduceOp``.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     return run_out_in(
         "_reduce_scatter_base",
         lambda o, i: _c.reduce_scatter_tensor(o, i, op, group),
@@ -160,6 +362,28 @@ _reduce_scatter_base = reduce_scatter_tensor
 def all_to_all(
     output_tensor_list: Any, input_tensor_list: Any, group: Any = None, async_op: bool = False
 ) -> Work | None:
+    """``output_tensor_list[i]`` = member ``i``'s ``input_tensor_list[this rank]``.
+
+    Args:
+        output_tensor_list: one output per member; sizes may differ per pair.
+        input_tensor_list: one input per member.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     return run_out_in(
         "all_to_all", lambda o, i: _c.all_to_all(o, i, group), async_op, output_tensor_list, input_tensor_list
     )
@@ -174,6 +398,30 @@ def all_to_all_single(
     group: Any = None,
     async_op: bool = False,
 ) -> Work | None:
+    """Split ``input`` along dim 0, send block ``i`` to member ``i``; ``output`` = the blocks received, in order.
+
+    Args:
+        output: the received blocks end to end.
+        input: the blocks to send end to end.
+        output_split_sizes: rows received from each member (None: equal blocks).
+        input_split_sizes: rows sent to each member (None: equal blocks); ranks agree pairwise.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     return run_out_in(
         "alltoall_base",
         lambda o, i: _c.all_to_all_single(o, i, output_split_sizes, input_split_sizes, group),
@@ -194,11 +442,54 @@ def broadcast_object_list(
     device: Any = None,
     group_src: int | None = None,
 ) -> None:
+    """Replace ``object_list`` on every member with global rank ``src``'s (picklable objects).
+
+    Args:
+        object_list: on ``src`` the objects; elsewhere a list of the same length, filled in place.
+        src: the source's global rank (default 0); or ``group_src``, its rank within ``group``.
+        group: the group (default: the world).
+        device: accepted for torch's signature; objects travel on aiodist's own transport.
+    Returns:
+        None once done (object collectives always block, as in torch).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            Objects are pickled: receive them only from ranks you trust.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     call(lambda: _o.broadcast_object_list(object_list, resolved(src), group), False)
 
 
 @torch_op()
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
+    """``object_list[i]`` = the ``obj`` of group rank ``i`` (picklable), on every member.
+
+    Args:
+        object_list: one slot per member, filled in place.
+        obj: this rank's object.
+        group: the group (default: the world).
+    Returns:
+        None once done (object collectives always block, as in torch).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            Objects are pickled: receive them only from ranks you trust.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     call(lambda: _o.all_gather_object(object_list, obj, group), False)
 
 
@@ -210,6 +501,28 @@ def gather_object(
     group: Any = None,
     group_dst: int | None = None,
 ) -> None:
+    """Collect every member's ``obj`` into ``object_gather_list`` on global rank ``dst``.
+
+    Args:
+        obj: this rank's object (picklable).
+        object_gather_list: on ``dst``, one slot per member, filled in place; elsewhere None.
+        dst: the destination's global rank (default 0); or ``group_dst``, its rank within ``group``.
+        group: the group (default: the world).
+    Returns:
+        None once done (object collectives always block, as in torch).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            Objects are pickled: receive them only from ranks you trust.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     call(lambda: _o.gather_object(obj, object_gather_list, resolved(dst), group), False)
 
 
@@ -221,6 +534,28 @@ def scatter_object_list(
     group: Any = None,
     group_src: int | None = None,
 ) -> None:
+    """``scatter_object_output_list[0]`` = ``scatter_object_input_list[i]`` of global rank ``src``, on member ``i``.
+
+    Args:
+        scatter_object_output_list: a list of at least one slot; its first is written.
+        scatter_object_input_list: on ``src``, one object per member; elsewhere None.
+        src: the source's global rank (default 0); or ``group_src``, its rank within ``group``.
+        group: the group (default: the world).
+    Returns:
+        None once done (object collectives always block, as in torch).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            Objects are pickled: receive them only from ranks you trust.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     call(
         lambda: _o.scatter_object_list(
             scatter_object_output_list, scatter_object_input_list, resolved(src), group
@@ -238,6 +573,29 @@ def send_object_list(
     group_dst: int | None = None,
     use_batch: bool = False,
 ) -> None:
+    """Send the objects of ``object_list`` to global rank ``dst`` (which calls ``recv_object_list``).
+
+    Args:
+        object_list: the objects (picklable).
+        dst: the receiver's global rank; or ``group_dst``, its rank within ``group``.
+        group: the group (default: the world).
+        device: accepted for torch's signature; objects travel on aiodist's own transport.
+        use_batch: accepted for torch's signature.
+    Returns:
+        None once done (object collectives always block, as in torch).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            Objects are pickled: receive them only from ranks you trust.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     call(lambda: _o.send_object_list(object_list, resolved(dst), group), False)
 
 
@@ -250,4 +608,27 @@ def recv_object_list(
     group_src: int | None = None,
     use_batch: bool = False,
 ) -> int:
+    """Receive into ``object_list`` the objects a ``send_object_list`` sent here.
+
+    Args:
+        object_list: a list as long as the sender's, filled in place.
+        src: the sender's global rank (None: any member); or ``group_src``, its rank within ``group``.
+        group: the group (default: the world).
+        device: accepted for torch's signature; objects travel on aiodist's own transport.
+        use_batch: accepted for torch's signature.
+    Returns:
+        The sender's global rank (blocking, as in torch).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            Objects are pickled: receive them only from ranks you trust.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and -1 is returned.
+    """
     return int(call(lambda: _o.recv_object_list(object_list, src, group), False))

@@ -167,14 +167,17 @@ def is_nccl_available() -> bool:
 
 
 def is_mpi_available() -> bool:
+    """False: aiodist has no MPI backend (as torch built without MPI)."""
     return False
 
 
 def is_ucc_available() -> bool:
+    """False: aiodist has no UCC backend."""
     return False
 
 
 def is_xccl_available() -> bool:
+    """False: aiodist has no XCCL backend."""
     return False
 
 
@@ -423,6 +426,7 @@ def new_subgroups_by_enumeration(
 
 
 def is_initialized() -> bool:
+    """True between ``init_process_group`` and ``destroy_process_group`` (of the world)."""
     return _world.is_initialized()
 
 
