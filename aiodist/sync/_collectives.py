@@ -398,7 +398,8 @@ def all_to_all_single(
     group: Any = None,
     async_op: bool = False,
 ) -> Work | None:
-    """Split ``input`` along dim 0, send block ``i`` to member ``i``; ``output`` = the blocks received, in order.
+    """Split ``input`` along dim 0, send block ``i`` to member ``i``; ``output`` = the blocks
+    received, in member order.
 
     Args:
         output: the received blocks end to end.
@@ -534,7 +535,8 @@ def scatter_object_list(
     group: Any = None,
     group_src: int | None = None,
 ) -> None:
-    """``scatter_object_output_list[0]`` = ``scatter_object_input_list[i]`` of global rank ``src``, on member ``i``.
+    """On member ``i``, ``scatter_object_output_list[0]`` = ``scatter_object_input_list[i]`` of
+    global rank ``src``.
 
     Args:
         scatter_object_output_list: a list of at least one slot; its first is written.
