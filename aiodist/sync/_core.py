@@ -515,6 +515,23 @@ def send(
     """Send ``tensor`` to global rank ``dst`` (or ``group_dst`` of ``group``).
 
     Returns once ``tensor`` may be modified again.
+
+    Args:
+        tensor: the data.
+        dst: the receiver's global rank; or ``group_dst``, its rank within ``group``.
+        group: the group (default: the world).
+        tag: matches a receive with the same tag.
+    Returns:
+        None, once ``tensor`` may be modified again.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            rank), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out; DistNetworkError: the peer was lost.
+
+    A timeout abandons the operation on this rank only (a receive's tensor may hold partial data;
+    the receive is withdrawn) and the group goes on; a lost peer breaks every group holding it.
+    On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's warning,
+    and None is returned.
     """
     run_op("send", lambda t: _p2p.send(t, resolved(dst), group, tag), False, tensor)
 
@@ -525,8 +542,22 @@ def recv(
 ) -> int:
     """Receive into ``tensor`` from global rank ``src`` (None: any member of ``group``).
 
+    Args:
+        tensor: written with the message (same size and dtype as sent).
+        src: the sender's global rank (None: any member); or ``group_src``, its rank within ``group``.
+        group: the group (default: the world).
+        tag: matches a send with the same tag.
     Returns:
-        The sender's global rank (-1 when skipped on a non-member, as torch).
+        The sender's global rank.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            rank), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out; DistNetworkError: the peer was lost.
+
+    A timeout abandons the operation on this rank only (a receive's tensor may hold partial data;
+    the receive is withdrawn) and the group goes on; a lost peer breaks every group holding it.
+    On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's warning,
+    and -1 is returned.
     """
     name = "recvAnySource" if src is None else "recv"  # gloo's record names
     return int(run_op(name, lambda t: _p2p.recv(t, src, group, tag), False, tensor))
@@ -536,7 +567,26 @@ def recv(
 def isend(
     tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None
 ) -> Work | None:
-    """Start sending ``tensor``; returns the ``Work`` (``wait()`` before modifying ``tensor``)."""
+    """Start sending ``tensor``; returns the ``Work`` (``wait()`` before modifying ``tensor``).
+
+    Args:
+        tensor: the data.
+        dst: the receiver's global rank; or ``group_dst``, its rank within ``group``.
+        group: the group (default: the world).
+        tag: matches a receive with the same tag.
+    Returns:
+        The ``Work``, at once; ``wait()`` before modifying ``tensor``.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            rank), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out; DistNetworkError: the peer was lost.
+            These are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only (a receive's tensor may hold partial data;
+    the receive is withdrawn) and the group goes on; a lost peer breaks every group holding it.
+    On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's warning,
+    and None is returned.
+    """
     start = functools.partial(_p2p.isend, dst=resolved(dst), group=group, tag=tag)
     if profiling():
         return run_op("send", start, True, tensor)  # type: ignore[no-any-return]
@@ -550,7 +600,26 @@ def isend(
 def irecv(
     tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None
 ) -> Work | None:
-    """Start receiving into ``tensor``; the Work's ``source_rank()`` is the sender once done."""
+    """Start receiving into ``tensor``; the Work's ``source_rank()`` is the sender once done.
+
+    Args:
+        tensor: written with the message (same size and dtype as sent).
+        src: the sender's global rank (None: any member); or ``group_src``, its rank within ``group``.
+        group: the group (default: the world).
+        tag: matches a send with the same tag.
+    Returns:
+        The ``Work``, at once; once done, its ``source_rank()`` is the sender's global rank.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            rank), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out; DistNetworkError: the peer was lost.
+            These are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only (a receive's tensor may hold partial data;
+    the receive is withdrawn) and the group goes on; a lost peer breaks every group holding it.
+    On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's warning,
+    and None is returned.
+    """
     start = functools.partial(_p2p.irecv, src=src, group=group, tag=tag)
     name = "recvAnySource" if src is None else "recv"  # gloo's record names
     if profiling():
@@ -592,7 +661,22 @@ def barrier(
     """Block until every member of ``group`` has entered the barrier (``async_op``: the Work).
 
     Args:
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+        device_ids: accepted for torch's signature.
         timeout: this barrier's own timeout (``timedelta`` or seconds) instead of the group's.
+    Returns:
+        None once every member entered; with ``async_op=True`` at once, the ``Work``.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            rank), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out; DistNetworkError: the peer was lost.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only (a receive's tensor may hold partial data;
+    the receive is withdrawn) and the group goes on; a lost peer breaks every group holding it.
+    On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's warning,
+    and None is returned.
     """
     seconds = _seconds(timeout)
     return run_op("barrier", lambda: _p2p.barrier(group, timeout=seconds), async_op)  # type: ignore[no-any-return]

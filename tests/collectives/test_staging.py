@@ -130,6 +130,7 @@ async def test_device_tensors_are_staged_through_the_exception_path(monkeypatch:
 # -- the job's stager: installed on every group, freed by destroy_process_group ------------------------------
 
 
+@pytest.mark.integration  # a real (one-rank) TCP job: not in the fast tier
 async def test_pool_released_on_destroy() -> None:
     await dist.init_process_group("tcp", store=HashStore(), rank=0, world_size=1)
     try:
