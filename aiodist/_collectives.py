@@ -141,9 +141,24 @@ def _split(arr: Array, n: int) -> list[Array]:
 def broadcast(tensor: Any, src: int, group: Any = None, *, timeout: float | None = None) -> Work:
     """Copy global rank ``src``'s ``tensor`` into ``tensor`` on every member of ``group``.
 
+    Args:
+        tensor: the data on ``src``; where it is written on the others (same size and dtype).
+        src: the source's global rank.
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
     Raises:
-        DistValueError / DistTypeError: bad tensor, ``src`` not a member, read-only tensor
-            on a receiving rank (raised here, before anything is sent).
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+            On a receiving rank a read-only tensor, or ``src`` not a member, is refused here.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
     """
     g = _member(group, "broadcast")
     root = _root(g, src, "src")
@@ -158,8 +173,24 @@ def all_reduce(
 ) -> Work:
     """Reduce ``tensor`` element-wise across ``group``, in place; every rank gets identical bytes.
 
+    Args:
+        tensor: a numpy array or CPU torch tensor, written in place.
+        op: a ``ReduceOp`` (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR).
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
     Raises:
-        DistTypeError: an op that makes no sense for the dtype (BXOR on floats, MIN on complex).
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+            An op that makes no sense for the dtype (BXOR on floats, MIN on complex) is a DistTypeError.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
     """
     g = _member(group, "all_reduce")
     arr = _tensors.as_array(tensor, arg="tensor", writable=True)
@@ -172,7 +203,27 @@ def all_reduce(
 def reduce(
     tensor: Any, dst: int, op: Any = ReduceOp.SUM, group: Any = None, *, timeout: float | None = None
 ) -> Work:
-    """Reduce every member's ``tensor`` into global rank ``dst``'s ``tensor`` (others are not written)."""
+    """Reduce every member's ``tensor`` into global rank ``dst``'s ``tensor`` (others are not written).
+
+    Args:
+        tensor: the input; on ``dst`` also the output.
+        dst: the destination's global rank.
+        op: a ``ReduceOp``.
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
+    """
     g = _member(group, "reduce")
     root = _root(g, dst, "dst")
     arr = _tensors.as_array(tensor, arg="tensor", writable=g.rank == root)
@@ -183,7 +234,26 @@ def reduce(
 
 @routed(tensor_list=OUT, tensor=IN)
 def all_gather(tensor_list: Any, tensor: Any, group: Any = None, *, timeout: float | None = None) -> Work:
-    """``tensor_list[i]`` = group rank i's ``tensor``, on every member."""
+    """``tensor_list[i]`` = group rank i's ``tensor``, on every member.
+
+    Args:
+        tensor_list: one output per member, each the size and dtype of ``tensor``.
+        tensor: this rank's input.
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
+    """
     g = _member(group, "all_gather")
     inp = _tensors.as_array(tensor, arg="tensor", writable=False)
     outs = _tensor_list(tensor_list, "tensor_list", writable=True, length=g.size, like=inp)
@@ -195,7 +265,26 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None, *, timeout: flo
 def all_gather_into_tensor(
     output_tensor: Any, input_tensor: Any, group: Any = None, *, timeout: float | None = None
 ) -> Work:
-    """``output_tensor`` = the concatenation of every member's ``input_tensor``, in group-rank order."""
+    """``output_tensor`` = the concatenation of every member's ``input_tensor``, in group-rank order.
+
+    Args:
+        output_tensor: group size times the size of ``input_tensor``.
+        input_tensor: this rank's input.
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
+    """
     g = _member(group, "all_gather_into_tensor")
     inp = _tensors.as_array(input_tensor, arg="input_tensor", writable=False)
     out = _tensors.as_array(output_tensor, arg="output_tensor", writable=True)
@@ -219,6 +308,25 @@ def gather(
     """Collect every member's ``tensor`` into ``gather_list`` on global rank ``dst``.
 
     ``gather_list`` must be given on ``dst`` only (one tensor per member).
+
+    Args:
+        tensor: this rank's input.
+        gather_list: on ``dst``, one output per member; elsewhere None.
+        dst: the destination's global rank (default 0).
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
     """
     g = _member(group, "gather")
     root = _root(g, dst, "dst")
@@ -241,6 +349,25 @@ def scatter(
     """Member i's ``tensor`` = ``scatter_list[i]`` of global rank ``src``.
 
     ``scatter_list`` must be given on ``src`` only (one tensor per member).
+
+    Args:
+        tensor: the output.
+        scatter_list: on ``src``, one input per member; elsewhere None.
+        src: the source's global rank (default 0).
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
     """
     g = _member(group, "scatter")
     root = _root(g, src, "src")
@@ -260,7 +387,27 @@ def scatter(
 def reduce_scatter(
     output: Any, input_list: Any, op: Any = ReduceOp.SUM, group: Any = None, *, timeout: float | None = None
 ) -> Work:
-    """``output`` on group rank r = the reduction over members of their ``input_list[r]``."""
+    """``output`` on group rank r = the reduction over members of their ``input_list[r]``.
+
+    Args:
+        output: this rank's block of the result.
+        input_list: one tensor per member, each the size and dtype of ``output``.
+        op: a ``ReduceOp``.
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
+    """
     g = _member(group, "reduce_scatter")
     out = _tensors.as_array(output, arg="output", writable=True)
     ins = _tensor_list(input_list, "input_list", writable=False, length=g.size, like=out)
@@ -273,7 +420,27 @@ def reduce_scatter(
 def reduce_scatter_tensor(
     output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, *, timeout: float | None = None
 ) -> Work:
-    """As ``reduce_scatter`` with ``input`` cut into group-size equal blocks."""
+    """As ``reduce_scatter`` with ``input`` cut into group-size equal blocks.
+
+    Args:
+        output: this rank's block of the result.
+        input: group size times the size of ``output``.
+        op: a ``ReduceOp``.
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
+    """
     g = _member(group, "reduce_scatter_tensor")
     out = _tensors.as_array(output, arg="output", writable=True)
     inp = _tensors.as_array(input, arg="input", writable=False)
@@ -294,7 +461,26 @@ reduce_scatter_single = reduce_scatter_tensor
 def all_to_all(
     output_tensor_list: Any, input_tensor_list: Any, group: Any = None, *, timeout: float | None = None
 ) -> Work:
-    """``output_tensor_list[i]`` = member i's ``input_tensor_list[this rank]``; sizes may differ per pair."""
+    """``output_tensor_list[i]`` = member i's ``input_tensor_list[this rank]``; sizes may differ per pair.
+
+    Args:
+        output_tensor_list: one output per member.
+        input_tensor_list: one input per member.
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
+    """
     g = _member(group, "all_to_all")
     ins = _tensor_list(
         input_tensor_list, "input_tensor_list", writable=False, length=g.size, like=None, same_size=False
@@ -370,7 +556,28 @@ def all_to_all_single(
 ) -> Work:
     """Split ``input`` along dim 0 by ``input_split_sizes`` (default: evenly), send block i to
     member i, and fill ``output`` with the blocks received, in member order, split by
-    ``output_split_sizes``. Ranks must agree pairwise on block sizes."""
+    ``output_split_sizes``. Ranks must agree pairwise on block sizes.
+
+    Args:
+        output: the received blocks end to end.
+        input: the blocks to send end to end.
+        output_split_sizes: rows received from each member (None: equal blocks).
+        input_split_sizes: rows sent to each member (None: equal blocks).
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
+    """
     g = _member(group, "all_to_all_single")
     out = _tensors.as_array(output, arg="output", writable=True)
     inp = _tensors.as_array(input, arg="input", writable=False)

@@ -239,7 +239,27 @@ def _start(g: ProcessGroup, name: str, count: int, root: int, coro_fn: Any, time
 def broadcast_object_list(
     object_list: list[Any], src: int = 0, group: Any = None, *, timeout: float | None = None
 ) -> Work:
-    """Replace the items of ``object_list`` with those of global rank ``src``'s list (same length)."""
+    """Replace the items of ``object_list`` with those of global rank ``src``'s list (same length).
+
+    Args:
+        object_list: on ``src`` the objects (picklable); elsewhere a list as long, filled in place.
+        src: the source's global rank (default 0).
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
+    Objects are pickled: receive them only from ranks you trust.
+    """
     g = _member(group, "broadcast_object_list")
     objs = _list_arg(object_list, "object_list")
     root = g.group_rank(src, "src")
@@ -265,7 +285,27 @@ def broadcast_object_list(
 def all_gather_object(
     object_list: list[Any], obj: Any, group: Any = None, *, timeout: float | None = None
 ) -> Work:
-    """``object_list[i]`` = group rank i's ``obj`` (``object_list`` has one slot per member)."""
+    """``object_list[i]`` = group rank i's ``obj`` (``object_list`` has one slot per member).
+
+    Args:
+        object_list: one slot per member, filled in place.
+        obj: this rank's object (picklable).
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
+    Objects are pickled: receive them only from ranks you trust.
+    """
     g = _member(group, "all_gather_object")
     out = _list_arg(object_list, "object_list")
     if len(out) != g.size:
@@ -298,7 +338,28 @@ def gather_object(
     *,
     timeout: float | None = None,
 ) -> Work:
-    """Collect every member's ``obj`` into ``object_gather_list`` on global rank ``dst``."""
+    """Collect every member's ``obj`` into ``object_gather_list`` on global rank ``dst``.
+
+    Args:
+        obj: this rank's object (picklable).
+        object_gather_list: on ``dst``, one slot per member; elsewhere None.
+        dst: the destination's global rank (default 0).
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
+    Objects are pickled: receive them only from ranks you trust.
+    """
     g = _member(group, "gather_object")
     root = g.group_rank(dst, "dst")
     out: list[Any] | None = None
@@ -342,7 +403,28 @@ def scatter_object_list(
     *,
     timeout: float | None = None,
 ) -> Work:
-    """``scatter_object_output_list[0]`` on member i = ``scatter_object_input_list[i]`` of global rank ``src``."""
+    """``scatter_object_output_list[0]`` on member i = ``scatter_object_input_list[i]`` of global rank ``src``.
+
+    Args:
+        scatter_object_output_list: at least one slot; its first is written.
+        scatter_object_input_list: on ``src``, one object per member; elsewhere None.
+        src: the source's global rank (default 0).
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
+    Objects are pickled: receive them only from ranks you trust.
+    """
     g = _member(group, "scatter_object_list")
     root = g.group_rank(src, "src")
     out = _list_arg(scatter_object_output_list, "scatter_object_output_list")
@@ -390,7 +472,27 @@ def send_object_list(
     object_list: list[Any], dst: int, group: Any = None, *, timeout: float | None = None
 ) -> Work:
     """Send the objects of ``object_list`` to global rank ``dst`` (which calls ``recv_object_list``
-    with a list of the same length). Both messages are queued at once, in call order."""
+    with a list of the same length). Both messages are queued at once, in call order.
+
+    Args:
+        object_list: the objects (picklable).
+        dst: the receiver's global rank.
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
+    Objects are pickled: receive them only from ranks you trust.
+    """
     g = resolve_group(group)
     objs = _list_arg(object_list, "object_list")
     sizes, data = _encode_all(objs)
@@ -408,7 +510,28 @@ def recv_object_list(
     object_list: list[Any], src: int | None = None, group: Any = None, *, timeout: float | None = None
 ) -> Work:
     """Fill ``object_list`` with the objects a ``send_object_list`` of global rank ``src`` (None:
-    any member) sent; the Work's result is the sender's global rank."""
+    any member) sent; the Work's result is the sender's global rank.
+
+    Args:
+        object_list: as long as the sender's, filled in place.
+        src: the sender's global rank (None: any member).
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is
+        the sender's global rank.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
+    Objects are pickled: receive them only from ranks you trust.
+    """
     g = resolve_group(group)
     objs = _list_arg(object_list, "object_list")
     sizes = np.zeros(len(objs), dtype=np.int64)

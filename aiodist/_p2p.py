@@ -25,6 +25,25 @@ def send(tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: flo
 
     The Work completes once ``tensor`` may be modified again. Messages from one rank to
     another with one tag arrive in the order they were sent.
+
+    Args:
+        tensor: the data (not to be modified until the Work completes).
+        dst: the receiver's global rank.
+        tag: matches a ``recv`` with the same tag.
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
     """
     return resolve_group(group).send(tensor, dst, tag, timeout)
 
@@ -36,13 +55,51 @@ def recv(
     """Receive into ``tensor`` from global rank ``src`` (None: from any member of the group).
 
     The Work's result is the sender's global rank. On timeout the receive is withdrawn.
+
+    Args:
+        tensor: written with the message (same size and dtype as sent).
+        src: the sender's global rank (None: any member).
+        tag: matches a ``send`` with the same tag.
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is
+        the sender's global rank.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
     """
     return resolve_group(group).recv(tensor, src, tag, timeout)
 
 
 @routed(sends=True, tensor=IN)
 def isend(tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: float | None = None) -> Work:
-    """Same as ``send`` (every operation of the async face is non-blocking)."""
+    """Same as ``send`` (every operation of the async face is non-blocking).
+
+    Args:
+        tensor, dst, tag: as ``send``.
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
+    """
     return resolve_group(group).send(tensor, dst, tag, timeout)
 
 
@@ -50,7 +107,26 @@ def isend(tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: fl
 def irecv(
     tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, *, timeout: float | None = None
 ) -> Work:
-    """Same as ``recv`` (every operation of the async face is non-blocking)."""
+    """Same as ``recv`` (every operation of the async face is non-blocking).
+
+    Args:
+        tensor, src, tag: as ``recv``.
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is
+        the sender's global rank.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
+    """
     return resolve_group(group).recv(tensor, src, tag, timeout)
 
 
@@ -115,5 +191,22 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
 
 @routed()
 def barrier(group: Any = None, *, timeout: float | None = None) -> Work:
-    """Complete once every member of ``group`` has entered the barrier."""
+    """Complete once every member of ``group`` has entered the barrier.
+
+    Args:
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised here at the call, before anything is sent.
+        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
+            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
+            called different operations or with different sizes, dtypes or roots.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
+    the group goes on (stale messages of the operation are discarded). A lost member breaks
+    every group holding it: destroy_process_group, then init again.
+    """
     return resolve_group(group).barrier(timeout)

@@ -323,6 +323,7 @@ async def destroy_process_group(group: ProcessGroup | None = None) -> None:
 
 
 def is_initialized() -> bool:
+    """True between ``init_process_group`` and ``destroy_process_group`` (of the world)."""
     return _world is not None
 
 
@@ -351,10 +352,20 @@ def get_rank(group: Any = None) -> int:
 
 
 def get_world_size(group: Any = None) -> int:
+    """The number of members of ``group`` (default: the world).
+
+    Raises:
+        DistValueError: not initialised; DistTypeError: ``group`` is not a ProcessGroup.
+    """
     return resolve_group(group).size
 
 
 def get_backend(group: Any = None) -> str:
+    """The backend name ``group`` (default: the world) runs on: "tcp", "nccl" or "torch-gloo".
+
+    Raises:
+        DistValueError: not initialised; DistTypeError: ``group`` is not a ProcessGroup.
+    """
     return resolve_group(group).backend
 
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import aiodist._collectives as _c
 import aiodist._objects as _o
-import aiodist._world as _world
-from aiodist.errors import DistTypeError, DistValueError
+from aiodist.errors import DistTypeError
 from aiodist.ops import ReduceOp
 from aiodist.sync._bridge import call
-from aiodist.sync._core import check_complex_op, not_in_group
+from aiodist.sync._core import check_complex_op
 from aiodist.sync._launch import run_op, run_out_in
+from aiodist.sync._preamble import ANY, resolved, torch_op
 from aiodist.sync._sparse import is_sparse, sparse_all_reduce
 from aiodist.work import Work
 
@@ -44,22 +44,7 @@ __all__ = [
 ]
 
 
-def _root(rank: int | None, group_rank: int | None, group: Any, arg: str, default: int | None = None) -> int:
-    """The global root from torch's ``src``/``dst`` or ``group_src``/``group_dst``."""
-    if group_rank is not None:
-        if rank is not None:
-            raise DistValueError(f"pass either {arg} or group_{arg}, not both")
-        g = _world.resolve_group(group)
-        if not isinstance(group_rank, int) or not 0 <= group_rank < g.size:
-            raise DistValueError(f"group_{arg}={group_rank!r} is not a rank of a group of size {g.size}")
-        return g.ranks[group_rank]
-    if rank is None:
-        if default is None:
-            raise DistValueError(f"{arg} (a global rank) or group_{arg} (a rank in group) is required")
-        return default  # torch's default root is global rank 0
-    return rank
-
-
+@torch_op(root="src")
 def broadcast(
     tensor: Any,
     src: int | None = None,
@@ -67,16 +52,55 @@ def broadcast(
     async_op: bool = False,
     group_src: int | None = None,
 ) -> Work | None:
-    if not_in_group(group, "broadcast"):
-        return None
-    root = _root(src, group_src, group, "src")
-    return run_op("broadcast", lambda t: _c.broadcast(t, root, group), async_op, tensor)  # type: ignore[no-any-return]
+    """Copy the ``tensor`` of global rank ``src`` into ``tensor`` on every member of ``group``, in place.
+
+    Args:
+        tensor: the data on ``src``; where it is written on the others (same size and dtype).
+        src: the source's global rank; or ``group_src``, its rank within ``group`` (one of them).
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
+    return run_op("broadcast", lambda t: _c.broadcast(t, resolved(src), group), async_op, tensor)  # type: ignore[no-any-return]
 
 
+@torch_op()
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
-    """torch's ``all_reduce``; a sparse COO tensor is summed as gloo does (see ``_sparse``)."""
-    if not_in_group(group, "all_reduce"):
-        return None
+    """Reduce ``tensor`` element-wise across ``group``, in place; every member gets identical bytes.
+
+    Args:
+        tensor: a tensor or array (a sparse COO tensor is summed as gloo does).
+        op: a ``ReduceOp`` (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR).
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     if op is not ReduceOp.SUM:
         check_complex_op("all_reduce", op, [tensor])
     try:
@@ -87,6 +111,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
     return sparse_all_reduce(tensor, op, group, async_op)
 
 
+@torch_op(root="dst")
 def reduce(
     tensor: Any,
     dst: int | None = None,
@@ -95,23 +120,85 @@ def reduce(
     async_op: bool = False,
     group_dst: int | None = None,
 ) -> Work | None:
-    if not_in_group(group, "reduce"):
-        return None
-    root = _root(dst, group_dst, group, "dst")
-    return run_op("reduce", lambda t: _c.reduce(t, root, op, group), async_op, tensor)  # type: ignore[no-any-return]
+    """Reduce every member's ``tensor`` into the ``tensor`` of global rank ``dst`` (others' are not written).
+
+    Args:
+        tensor: the input; on ``dst`` also the output.
+        dst: the destination's global rank; or ``group_dst``, its rank within ``group``.
+        op: a ``ReduceOp``.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
+    return run_op("reduce", lambda t: _c.reduce(t, resolved(dst), op, group), async_op, tensor)  # type: ignore[no-any-return]
 
 
+@torch_op()
 def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
-    if not_in_group(group, "all_gather"):
-        return None
+    """``tensor_list[i]`` = the ``tensor`` of group rank ``i``, on every member.
+
+    Args:
+        tensor_list: one output tensor per member, each the size and dtype of ``tensor``.
+        tensor: this rank's input.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     return run_out_in("all_gather", lambda o, i: _c.all_gather(o, i, group), async_op, tensor_list, tensor)
 
 
+@torch_op()
 def all_gather_into_tensor(
     output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False
 ) -> Work | None:
-    if not_in_group(group, "all_gather_into_tensor"):
-        return None
+    """``output_tensor`` = every member's ``input_tensor`` end to end, in group-rank order.
+
+    Args:
+        output_tensor: group size times the size of ``input_tensor`` (flat or stacked along dim 0).
+        input_tensor: this rank's input.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     return run_out_in(
         "_allgather_base",
         lambda o, i: _c.all_gather_into_tensor(o, i, group),
@@ -125,6 +212,7 @@ all_gather_single = all_gather_into_tensor
 _all_gather_base = all_gather_into_tensor
 
 
+@torch_op(root="dst", root_default=0)
 def gather(
     tensor: Any,
     gather_list: Any = None,
@@ -133,14 +221,35 @@ def gather(
     async_op: bool = False,
     group_dst: int | None = None,
 ) -> Work | None:
-    if not_in_group(group, "gather"):
-        return None
-    root = _root(dst, group_dst, group, "dst", default=0)
+    """Collect every member's ``tensor`` into ``gather_list`` on global rank ``dst``.
+
+    Args:
+        tensor: this rank's input.
+        gather_list: on ``dst``, one output tensor per member; elsewhere None.
+        dst: the destination's global rank (default 0); or ``group_dst``, its rank within ``group``.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     return run_op(  # type: ignore[no-any-return]
-        "gather", lambda t, o: _c.gather(t, o, root, group), async_op, tensor, gather_list, inputs=0
+        "gather", lambda t, o: _c.gather(t, o, resolved(dst), group), async_op, tensor, gather_list, inputs=0
     )
 
 
+@torch_op(root="src", root_default=0)
 def scatter(
     tensor: Any,
     scatter_list: Any = None,
@@ -149,27 +258,93 @@ def scatter(
     async_op: bool = False,
     group_src: int | None = None,
 ) -> Work | None:
-    if not_in_group(group, "scatter"):
-        return None
-    root = _root(src, group_src, group, "src", default=0)
-    return run_out_in("scatter", lambda t, i: _c.scatter(t, i, root, group), async_op, tensor, scatter_list)
+    """Member ``i``'s ``tensor`` = ``scatter_list[i]`` of global rank ``src``.
+
+    Args:
+        tensor: the output.
+        scatter_list: on ``src``, one input tensor per member; elsewhere None.
+        src: the source's global rank (default 0); or ``group_src``, its rank within ``group``.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
+    return run_out_in(
+        "scatter", lambda t, i: _c.scatter(t, i, resolved(src), group), async_op, tensor, scatter_list
+    )
 
 
+@torch_op()
 def reduce_scatter(
     output: Any, input_list: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
 ) -> Work | None:
-    if not_in_group(group, "reduce_scatter"):
-        return None
+    """``output`` on group rank ``r`` = the reduction over members of their ``input_list[r]``.
+
+    Args:
+        output: this rank's block of the result.
+        input_list: one tensor per member, each the size and dtype of ``output``.
+        op: a ``ReduceOp``.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     return run_out_in(
         "reduce_scatter", lambda o, i: _c.reduce_scatter(o, i, op, group), async_op, output, input_list
     )
 
 
+@torch_op()
 def reduce_scatter_tensor(
     output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
 ) -> Work | None:
-    if not_in_group(group, "reduce_scatter_tensor"):
-        return None
+    """As ``reduce_scatter`` with ``input`` cut into group-size equal blocks.
+
+    Args:
+        output: this rank's block of the result.
+        input: group size times the size of ``output``.
+        op: a ``ReduceOp``.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     return run_out_in(
         "_reduce_scatter_base",
         lambda o, i: _c.reduce_scatter_tensor(o, i, op, group),
@@ -183,16 +358,38 @@ reduce_scatter_single = reduce_scatter_tensor
 _reduce_scatter_base = reduce_scatter_tensor
 
 
+@torch_op()
 def all_to_all(
     output_tensor_list: Any, input_tensor_list: Any, group: Any = None, async_op: bool = False
 ) -> Work | None:
-    if not_in_group(group, "all_to_all"):
-        return None
+    """``output_tensor_list[i]`` = member ``i``'s ``input_tensor_list[this rank]``.
+
+    Args:
+        output_tensor_list: one output per member; sizes may differ per pair.
+        input_tensor_list: one input per member.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     return run_out_in(
         "all_to_all", lambda o, i: _c.all_to_all(o, i, group), async_op, output_tensor_list, input_tensor_list
     )
 
 
+@torch_op()
 def all_to_all_single(
     output: Any,
     input: Any,
@@ -201,8 +398,31 @@ def all_to_all_single(
     group: Any = None,
     async_op: bool = False,
 ) -> Work | None:
-    if not_in_group(group, "all_to_all_single"):
-        return None
+    """Split ``input`` along dim 0, send block ``i`` to member ``i``; ``output`` = the blocks
+    received, in member order.
+
+    Args:
+        output: the received blocks end to end.
+        input: the blocks to send end to end.
+        output_split_sizes: rows received from each member (None: equal blocks).
+        input_split_sizes: rows sent to each member (None: equal blocks); ranks agree pairwise.
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+    Returns:
+        None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     return run_out_in(
         "alltoall_base",
         lambda o, i: _c.all_to_all_single(o, i, output_split_sizes, input_split_sizes, group),
@@ -215,6 +435,7 @@ def all_to_all_single(
 # -- objects (always blocking) -------------------------------------------------------------------
 
 
+@torch_op(root="src", root_default=0)
 def broadcast_object_list(
     object_list: list[Any],
     src: int | None = None,
@@ -222,18 +443,58 @@ def broadcast_object_list(
     device: Any = None,
     group_src: int | None = None,
 ) -> None:
-    if not_in_group(group, "broadcast_object_list"):
-        return None
-    root = _root(src, group_src, group, "src", default=0)
-    call(lambda: _o.broadcast_object_list(object_list, root, group), False)
+    """Replace ``object_list`` on every member with global rank ``src``'s (picklable objects).
+
+    Args:
+        object_list: on ``src`` the objects; elsewhere a list of the same length, filled in place.
+        src: the source's global rank (default 0); or ``group_src``, its rank within ``group``.
+        group: the group (default: the world).
+        device: accepted for torch's signature; objects travel on aiodist's own transport.
+    Returns:
+        None once done (object collectives always block, as in torch).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            Objects are pickled: receive them only from ranks you trust.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
+    call(lambda: _o.broadcast_object_list(object_list, resolved(src), group), False)
 
 
+@torch_op()
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
-    if not_in_group(group, "all_gather_object"):
-        return None
+    """``object_list[i]`` = the ``obj`` of group rank ``i`` (picklable), on every member.
+
+    Args:
+        object_list: one slot per member, filled in place.
+        obj: this rank's object.
+        group: the group (default: the world).
+    Returns:
+        None once done (object collectives always block, as in torch).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            Objects are pickled: receive them only from ranks you trust.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     call(lambda: _o.all_gather_object(object_list, obj, group), False)
 
 
+@torch_op(root="dst", root_default=0)
 def gather_object(
     obj: Any,
     object_gather_list: list[Any] | None = None,
@@ -241,12 +502,32 @@ def gather_object(
     group: Any = None,
     group_dst: int | None = None,
 ) -> None:
-    if not_in_group(group, "gather_object"):
-        return None
-    root = _root(dst, group_dst, group, "dst", default=0)
-    call(lambda: _o.gather_object(obj, object_gather_list, root, group), False)
+    """Collect every member's ``obj`` into ``object_gather_list`` on global rank ``dst``.
+
+    Args:
+        obj: this rank's object (picklable).
+        object_gather_list: on ``dst``, one slot per member, filled in place; elsewhere None.
+        dst: the destination's global rank (default 0); or ``group_dst``, its rank within ``group``.
+        group: the group (default: the world).
+    Returns:
+        None once done (object collectives always block, as in torch).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            Objects are pickled: receive them only from ranks you trust.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
+    call(lambda: _o.gather_object(obj, object_gather_list, resolved(dst), group), False)
 
 
+@torch_op(root="src", root_default=0)
 def scatter_object_list(
     scatter_object_output_list: list[Any],
     scatter_object_input_list: list[Any] | None = None,
@@ -254,15 +535,38 @@ def scatter_object_list(
     group: Any = None,
     group_src: int | None = None,
 ) -> None:
-    if not_in_group(group, "scatter_object_list"):
-        return None
-    root = _root(src, group_src, group, "src", default=0)
+    """On member ``i``, ``scatter_object_output_list[0]`` = ``scatter_object_input_list[i]`` of
+    global rank ``src``.
+
+    Args:
+        scatter_object_output_list: a list of at least one slot; its first is written.
+        scatter_object_input_list: on ``src``, one object per member; elsewhere None.
+        src: the source's global rank (default 0); or ``group_src``, its rank within ``group``.
+        group: the group (default: the world).
+    Returns:
+        None once done (object collectives always block, as in torch).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            Objects are pickled: receive them only from ranks you trust.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
     call(
-        lambda: _o.scatter_object_list(scatter_object_output_list, scatter_object_input_list, root, group),
+        lambda: _o.scatter_object_list(
+            scatter_object_output_list, scatter_object_input_list, resolved(src), group
+        ),
         False,
     )
 
 
+@torch_op(root="dst")
 def send_object_list(
     object_list: list[Any],
     dst: int | None = None,
@@ -271,12 +575,33 @@ def send_object_list(
     group_dst: int | None = None,
     use_batch: bool = False,
 ) -> None:
-    if not_in_group(group, "send_object_list"):
-        return None
-    peer = _root(dst, group_dst, group, "dst")
-    call(lambda: _o.send_object_list(object_list, peer, group), False)
+    """Send the objects of ``object_list`` to global rank ``dst`` (which calls ``recv_object_list``).
+
+    Args:
+        object_list: the objects (picklable).
+        dst: the receiver's global rank; or ``group_dst``, its rank within ``group``.
+        group: the group (default: the world).
+        device: accepted for torch's signature; objects travel on aiodist's own transport.
+        use_batch: accepted for torch's signature.
+    Returns:
+        None once done (object collectives always block, as in torch).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            Objects are pickled: receive them only from ranks you trust.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and None is returned.
+    """
+    call(lambda: _o.send_object_list(object_list, resolved(dst), group), False)
 
 
+@torch_op(root="src", root_default=ANY, skipped=-1)
 def recv_object_list(
     object_list: list[Any],
     src: int | None = None,
@@ -285,7 +610,27 @@ def recv_object_list(
     group_src: int | None = None,
     use_batch: bool = False,
 ) -> int:
-    if not_in_group(group, "recv_object_list"):
-        return -1
-    peer = None if src is None and group_src is None else _root(src, group_src, group, "src")
-    return int(call(lambda: _o.recv_object_list(object_list, peer, group), False))
+    """Receive into ``object_list`` the objects a ``send_object_list`` sent here.
+
+    Args:
+        object_list: a list as long as the sender's, filled in place.
+        src: the sender's global rank (None: any member); or ``group_src``, its rank within ``group``.
+        group: the group (default: the world).
+        device: accepted for torch's signature; objects travel on aiodist's own transport.
+        use_batch: accepted for torch's signature.
+    Returns:
+        The sender's global rank (blocking, as in torch).
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            dtype, rank, list length), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
+            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
+            different operations, or with different sizes, dtypes or roots.
+            Objects are pickled: receive them only from ranks you trust.
+
+    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
+    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
+    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    warning, and -1 is returned.
+    """
+    return int(call(lambda: _o.recv_object_list(object_list, src, group), False))

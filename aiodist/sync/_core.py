@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import functools
 import os
-import warnings
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -27,6 +26,7 @@ from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp, as_reduce_op
 from aiodist.sync._bridge import call, on_loop, run, start_p2p
 from aiodist.sync._launch import profiling, run_op
+from aiodist.sync._preamble import ANY, NON_GROUP_MEMBER, not_in_group, resolved, torch_op
 from aiodist.work import Work
 
 __all__ = [
@@ -107,7 +107,7 @@ class GroupMember:
     ``new_group`` returns to a rank outside the new group."""
 
     WORLD: ClassVar[Any] = _world.WORLD
-    NON_GROUP_MEMBER: ClassVar[int] = -100
+    NON_GROUP_MEMBER: ClassVar[int] = NON_GROUP_MEMBER
 
 
 group = GroupMember  # torch.distributed.group.WORLD
@@ -134,22 +134,6 @@ class _NonMember(int):
 # The name the job was initialised with ("gloo", "tcp"), for get_backend: the one piece of
 # state of this face besides the runtime's default group (both die with destroy_process_group).
 _backend_name: str | None = None
-
-
-def not_in_group(group: Any, what: str) -> bool:
-    """True (after torch's warning) when ``group`` is ``GroupMember.NON_GROUP_MEMBER``.
-
-    torch skips an operation called with a group this rank is not a member of; every function
-    of this face that takes a group starts with ``if not_in_group(group, "name"): return``.
-    """
-    if group is None or not isinstance(group, int) or group != GroupMember.NON_GROUP_MEMBER:
-        return False
-    rank = _world.get_rank() if _world.is_initialized() else -1
-    warnings.warn(
-        f"Running {what} on global rank {rank} which does not belong to the given group.",
-        stacklevel=3,
-    )
-    return True
 
 
 def _seconds(timeout: datetime.timedelta | float | None) -> float | None:
@@ -183,14 +167,17 @@ def is_nccl_available() -> bool:
 
 
 def is_mpi_available() -> bool:
+    """False: aiodist has no MPI backend (as torch built without MPI)."""
     return False
 
 
 def is_ucc_available() -> bool:
+    """False: aiodist has no UCC backend."""
     return False
 
 
 def is_xccl_available() -> bool:
+    """False: aiodist has no XCCL backend."""
     return False
 
 
@@ -335,11 +322,10 @@ def init_process_group(
     _backend_name = name
 
 
+@torch_op()
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """Destroy ``group``, or with None every group and connection (the process may init again)."""
     global _backend_name
-    if not_in_group(group, "destroy_process_group"):
-        return
     if group is None or group is GroupMember.WORLD:
         _backend_name = None
         group = None
@@ -440,6 +426,7 @@ def new_subgroups_by_enumeration(
 
 
 def is_initialized() -> bool:
+    """True between ``init_process_group`` and ``destroy_process_group`` (of the world)."""
     return _world.is_initialized()
 
 
@@ -521,77 +508,124 @@ def get_pg_count() -> int:
 # -- point-to-point -----------------------------------------------------------------------
 
 
-def _peer(rank: int | None, group_rank: int | None, group: Any, arg: str) -> int:
-    """Accept torch's ``group_dst``/``group_src`` (a rank within ``group``) as well as global ranks."""
-    if group_rank is not None:
-        if rank is not None:
-            raise DistValueError(f"Can only specify one of {arg} or group_{arg}")
-        pg = _world.resolve_group(group)
-        if not isinstance(group_rank, int) or not 0 <= group_rank < pg.size:
-            raise DistValueError(f"group_{arg}={group_rank} is not a rank of {pg.name} (size {pg.size})")
-        return pg.ranks[group_rank]
-    if rank is None:
-        raise DistValueError(f"Must specify either {arg} or group_{arg}")
-    return rank
-
-
+@torch_op(root="dst")
 def send(
     tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None
 ) -> None:
     """Send ``tensor`` to global rank ``dst`` (or ``group_dst`` of ``group``).
 
     Returns once ``tensor`` may be modified again.
+
+    Args:
+        tensor: the data.
+        dst: the receiver's global rank; or ``group_dst``, its rank within ``group``.
+        group: the group (default: the world).
+        tag: matches a receive with the same tag.
+    Returns:
+        None, once ``tensor`` may be modified again.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            rank), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out; DistNetworkError: the peer was lost.
+
+    A timeout abandons the operation on this rank only (a receive's tensor may hold partial data;
+    the receive is withdrawn) and the group goes on; a lost peer breaks every group holding it.
+    On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's warning,
+    and None is returned.
     """
-    if not_in_group(group, "send"):
-        return
-    peer = _peer(dst, group_dst, group, "dst")
-    run_op("send", lambda t: _p2p.send(t, peer, group, tag), False, tensor)
+    run_op("send", lambda t: _p2p.send(t, resolved(dst), group, tag), False, tensor)
 
 
+@torch_op(root="src", root_default=ANY, skipped=-1)
 def recv(
     tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None
 ) -> int:
     """Receive into ``tensor`` from global rank ``src`` (None: any member of ``group``).
 
+    Args:
+        tensor: written with the message (same size and dtype as sent).
+        src: the sender's global rank (None: any member); or ``group_src``, its rank within ``group``.
+        group: the group (default: the world).
+        tag: matches a send with the same tag.
     Returns:
-        The sender's global rank (-1 when skipped on a non-member, as torch).
+        The sender's global rank.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            rank), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out; DistNetworkError: the peer was lost.
+
+    A timeout abandons the operation on this rank only (a receive's tensor may hold partial data;
+    the receive is withdrawn) and the group goes on; a lost peer breaks every group holding it.
+    On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's warning,
+    and -1 is returned.
     """
-    if not_in_group(group, "recv"):
-        return -1
-    peer = None if src is None and group_src is None else _peer(src, group_src, group, "src")
-    name = "recvAnySource" if peer is None else "recv"  # gloo's record names
-    return int(run_op(name, lambda t: _p2p.recv(t, peer, group, tag), False, tensor))
+    name = "recvAnySource" if src is None else "recv"  # gloo's record names
+    return int(run_op(name, lambda t: _p2p.recv(t, src, group, tag), False, tensor))
 
 
+@torch_op(root="dst")
 def isend(
     tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None
 ) -> Work | None:
-    """Start sending ``tensor``; returns the ``Work`` (``wait()`` before modifying ``tensor``)."""
-    if not_in_group(group, "isend"):
-        return None
-    peer = _peer(dst, group_dst, group, "dst")
-    start = functools.partial(_p2p.isend, dst=peer, group=group, tag=tag)
+    """Start sending ``tensor``; returns the ``Work`` (``wait()`` before modifying ``tensor``).
+
+    Args:
+        tensor: the data.
+        dst: the receiver's global rank; or ``group_dst``, its rank within ``group``.
+        group: the group (default: the world).
+        tag: matches a receive with the same tag.
+    Returns:
+        The ``Work``, at once; ``wait()`` before modifying ``tensor``.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            rank), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out; DistNetworkError: the peer was lost.
+            These are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only (a receive's tensor may hold partial data;
+    the receive is withdrawn) and the group goes on; a lost peer breaks every group holding it.
+    On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's warning,
+    and None is returned.
+    """
+    start = functools.partial(_p2p.isend, dst=resolved(dst), group=group, tag=tag)
     if profiling():
         return run_op("send", start, True, tensor)  # type: ignore[no-any-return]
     try:
-        return start_p2p(start, "send", tensor, peer, group, tag)
+        return start_p2p(start, "send", tensor, dst, group, tag)
     except NotContiguousError:
         return run_op("send", start, True, tensor)  # type: ignore[no-any-return]
 
 
+@torch_op(root="src", root_default=ANY)
 def irecv(
     tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None
 ) -> Work | None:
-    """Start receiving into ``tensor``; the Work's ``source_rank()`` is the sender once done."""
-    if not_in_group(group, "irecv"):
-        return None
-    peer = None if src is None and group_src is None else _peer(src, group_src, group, "src")
-    start = functools.partial(_p2p.irecv, src=peer, group=group, tag=tag)
-    name = "recvAnySource" if peer is None else "recv"  # gloo's record names
+    """Start receiving into ``tensor``; the Work's ``source_rank()`` is the sender once done.
+
+    Args:
+        tensor: written with the message (same size and dtype as sent).
+        src: the sender's global rank (None: any member); or ``group_src``, its rank within ``group``.
+        group: the group (default: the world).
+        tag: matches a send with the same tag.
+    Returns:
+        The ``Work``, at once; once done, its ``source_rank()`` is the sender's global rank.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            rank), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out; DistNetworkError: the peer was lost.
+            These are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only (a receive's tensor may hold partial data;
+    the receive is withdrawn) and the group goes on; a lost peer breaks every group holding it.
+    On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's warning,
+    and None is returned.
+    """
+    start = functools.partial(_p2p.irecv, src=src, group=group, tag=tag)
+    name = "recvAnySource" if src is None else "recv"  # gloo's record names
     if profiling():
         return run_op(name, start, True, tensor)  # type: ignore[no-any-return]
     try:
-        return start_p2p(start, "recv", tensor, peer, group, tag)
+        return start_p2p(start, "recv", tensor, src, group, tag)
     except NotContiguousError:
         return run_op(name, start, True, tensor)  # type: ignore[no-any-return]
 
@@ -617,6 +651,7 @@ def resync(group: Any = None, timeout: datetime.timedelta | float | None = None)
     return call(lambda: _world.resolve_group(group).resync(seconds), False)
 
 
+@torch_op()
 def barrier(
     group: Any = None,
     async_op: bool = False,
@@ -626,9 +661,22 @@ def barrier(
     """Block until every member of ``group`` has entered the barrier (``async_op``: the Work).
 
     Args:
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+        device_ids: accepted for torch's signature.
         timeout: this barrier's own timeout (``timedelta`` or seconds) instead of the group's.
+    Returns:
+        None once every member entered; with ``async_op=True`` at once, the ``Work``.
+    Raises:
+        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
+            rank), raised at the call before anything is sent.
+        DistTimeoutError: the group's timeout ran out; DistNetworkError: the peer was lost.
+            With ``async_op=True`` these are raised by the Work's ``wait()``.
+
+    A timeout abandons the operation on this rank only (a receive's tensor may hold partial data;
+    the receive is withdrawn) and the group goes on; a lost peer breaks every group holding it.
+    On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's warning,
+    and None is returned.
     """
-    if not_in_group(group, "barrier"):
-        return None
     seconds = _seconds(timeout)
     return run_op("barrier", lambda: _p2p.barrier(group, timeout=seconds), async_op)  # type: ignore[no-any-return]

@@ -30,7 +30,7 @@ from aiodist._multicast import (
 )
 from aiodist.errors import DistError, DistTimeoutError, DistValueError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
 
 

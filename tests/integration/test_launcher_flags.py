@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launcher_common import RUN_TIMEOUT, SCRIPTS, launch, launcher_env, records, start_launcher, wait_for
+from support.launcher import RUN_TIMEOUT, SCRIPTS, launch, launcher_env, records, start_launcher, wait_for
 
 from aiodist._launcher.config import REFUSED_FLAGS, build_parser, parse_config
 from aiodist.testing import free_port
@@ -199,7 +199,7 @@ def test_console_script_version(tmp_path: Path) -> None:
     [
         (["no_such_train.py"], "no_such_train.py: no such file"),
         (["-m", "no_such_module_xyz"], "-m no_such_module_xyz: no module named 'no_such_module_xyz'"),
-        (["-m", "tests.launcher_scripts.no_such"], "no module named 'tests.launcher_scripts.no_such'"),
+        (["-m", "tests.support.launcher_scripts.no_such"], "no module named 'tests.support.launcher_scripts.no_such'"),
         (["--no-python", "no-such-program-xyz"], "no-such-program-xyz: no such executable"),
     ],
 )

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from faults_common import Trap, fd_count, record
+from support.faults import Trap, fd_count, record
 
 import aiodist as dist
 from aiodist._world import world

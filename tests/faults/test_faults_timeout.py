@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from faults_common import record
+from support.faults import record
 
 import aiodist as dist
 import aiodist.sync as sdist
@@ -143,7 +143,7 @@ async def _frozen(rank: int, size: int) -> dict[str, Any]:
     if rank == 0:
         # Freeze rank 2 once it has entered #1, before our own part of #1 starts: nobody can
         # finish #1 without it. (A rank frozen before it entered an operation the others
-        # abandoned leaves the group out of step: tests/test_faults_resync.py.)
+        # abandoned leaves the group out of step: tests/faults/test_faults_resync.py.)
         pid2 = int(await store.get("pid/2"))
         await store.get("entered/2")
         os.kill(pid2, signal.SIGSTOP)

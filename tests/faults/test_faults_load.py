@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from faults_common import record
+from support.faults import record
 
 import aiodist as dist
 from aiodist._world import world

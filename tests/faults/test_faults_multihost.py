@@ -20,12 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from faults_common import record
+from support.faults import record
 
 pytestmark = pytest.mark.timeout(120)
 
-REPO = Path(__file__).resolve().parents[1]
-JOB = REPO / "tests" / "launcher_scripts" / "faults_job.py"
+REPO = Path(__file__).resolve().parents[2]
+JOB = REPO / "tests" / "support" / "launcher_scripts" / "faults_job.py"
 ADDRS = ("10.200.0.1", "10.200.0.2")
 PORT = 29533
 

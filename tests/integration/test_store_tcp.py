@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from waits import closed_within, eventually
+from support.waits import closed_within, eventually
 
 from aiodist.errors import DistStoreError, DistTimeoutError, DistTypeError, DistValueError
 from aiodist.store import StoreServer, TCPStore

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("expecttest")  # torch's test harness needs it (make test-torch-suite installs it)
 
-RUNNER = Path(__file__).resolve().parent / "torch_suite" / "run.py"
+RUNNER = Path(__file__).resolve().parents[1] / "torch_suite" / "run.py"
 
 
 @pytest.mark.timeout(300)

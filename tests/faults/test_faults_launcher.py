@@ -1,8 +1,8 @@
-"""Launcher faults beyond tests/test_launcher.py (FAULTS.md row 21: the port is reusable at once).
+"""Launcher faults beyond tests/integration/test_launcher.py (FAULTS.md row 21: the port is reusable at once).
 
 Rows 19 and 20 (a failing worker: summary, SIGTERM then SIGKILL, no orphans; a SIGKILLed
 worker restarted once with the restart count in its environment) are covered by
-tests/test_launcher.py.
+tests/integration/test_launcher.py.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from faults_common import record
-from launcher_common import REPO, SCRIPTS, assert_gone, launcher_env, start_launcher, wait_for
+from support.faults import record
+from support.launcher import REPO, SCRIPTS, assert_gone, launcher_env, start_launcher, wait_for
 
 from aiodist.testing import free_port
 

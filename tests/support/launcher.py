@@ -1,6 +1,6 @@
 """Helpers shared by the launcher tests: run ``aiodist.run``/``aiodist.launch`` as a real subprocess.
 
-Worker scripts live in ``tests/launcher_scripts``; they report through files in ``$OUT_DIR``.
+Worker scripts live in ``tests/support/launcher_scripts``; they report through files in ``$OUT_DIR``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = REPO / "tests" / "launcher_scripts"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "tests" / "support" / "launcher_scripts"
 RUN_TIMEOUT = 20.0
 
 

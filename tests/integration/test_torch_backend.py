@@ -27,7 +27,7 @@ from aiodist.testing import free_port, spawn
 
 torch = pytest.importorskip("torch")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HAS_COMPILER = shutil.which(os.environ.get("CXX", "c++")) is not None or shutil.which("g++") is not None
 needs_compiler = pytest.mark.skipif(
     not HAS_COMPILER, reason="no C++ compiler here: the aiodist torch backend's extension cannot be built"
@@ -460,7 +460,7 @@ def test_combined_spec_runs_cpu_tensors_on_aiodist() -> None:
 
 def _dead_peer(rank: int, world_size: int, marker: str) -> dict[str, Any]:
     import torch.distributed as dist
-    from faults_common import mark, since
+    from support.faults import mark, since
 
     import aiodist.torch  # noqa: F401
 

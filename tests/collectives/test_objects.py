@@ -187,6 +187,7 @@ async def _tcp_objects(rank: int, size: int, marker: str) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.integration  # real processes over TCP: not in the fast tier
 def test_tcp_pickle_needs_authentication(tmp_path: pathlib.Path) -> None:
     marker = tmp_path / "marker"
     env = {"AIODIST_SECRET": "", "AIODIST_ALLOW_PICKLE": "0"}

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from faults_common import mark, record, since
+from support.faults import mark, record, since
 
 import aiodist as dist
 from aiodist._world import world

@@ -24,7 +24,7 @@ pytest.importorskip("torch")
 
 pytestmark = pytest.mark.timeout(120)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 RUN_TIMEOUT = 90.0
 PY = sys.executable

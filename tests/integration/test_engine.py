@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 tdist = pytest.importorskip("torch.distributed")
 
-from suite_common import async_suite, check_async_suite, check_sync_suite, sync_suite  # noqa: E402
+from support.suite import async_suite, check_async_suite, check_sync_suite, sync_suite  # noqa: E402
 
 import aiodist as dist  # noqa: E402
 from aiodist import _engine  # noqa: E402

@@ -1,6 +1,6 @@
 """The launchers ``aiodist.run`` and ``aiodist.launch``, run as real subprocesses (FAULTS rows 19-21).
 
-Worker scripts live in ``tests/launcher_scripts``; they report through files in ``$OUT_DIR``.
+Worker scripts live in ``tests/support/launcher_scripts``; they report through files in ``$OUT_DIR``.
 Every test is bounded by a pytest-timeout mark and by the subprocess timeouts below.
 """
 
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launcher_common import RUN_TIMEOUT, SCRIPTS, assert_gone, launch, records, start_launcher, wait_for
+from support.launcher import RUN_TIMEOUT, SCRIPTS, assert_gone, launch, records, start_launcher, wait_for
 
 from aiodist._launcher.config import STDERR, STDOUT, parse_config, parse_stream_spec
 from aiodist._launcher.env import resolve_secret
@@ -139,7 +139,7 @@ def test_tee_without_log_dir_and_rank_filter(tmp_path: Path) -> None:
 
 
 def test_module_and_no_python(tmp_path: Path) -> None:
-    proc = launch(["--nproc-per-node", "2", "-m", "tests.launcher_scripts.env_dump"], tmp_path)
+    proc = launch(["--nproc-per-node", "2", "-m", "tests.support.launcher_scripts.env_dump"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert sorted(records(tmp_path)) == [0, 1]
     proc = launch(

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from faults_common import fd_count
+from support.faults import fd_count
 
 import aiodist as dist
 import aiodist.sync as sdist

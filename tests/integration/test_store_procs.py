@@ -19,7 +19,7 @@ from aiodist.store import FileStore, TCPStore
 pytestmark = pytest.mark.timeout(30)
 
 SECRET = "procs-test-secret"
-REPO = str(Path(__file__).resolve().parent.parent)
+REPO = str(Path(__file__).resolve().parents[2])
 
 WORKER = """
 import json, sys

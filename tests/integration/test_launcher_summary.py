@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from launcher_common import SCRIPTS, launch, summary_field, summary_of
+from support.launcher import SCRIPTS, launch, summary_field, summary_of
 
 from aiodist._launcher.summary import WorkerExit, format_summary, root_cause
 from aiodist._launcher.tracebacks import blamed_rank, compress_frames, error_line
@@ -145,7 +145,7 @@ def test_a_root_cause_pointing_at_another_node_says_so() -> None:
 
 # -- reading a worker's stderr --------------------------------------------------------------------
 
-_AIODIST = str(Path(__file__).resolve().parents[1] / "aiodist")
+_AIODIST = str(Path(__file__).resolve().parents[2] / "aiodist")
 _STDERR = f"""\
 some output before
 Traceback (most recent call last):

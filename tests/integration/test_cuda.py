@@ -1,6 +1,6 @@
 """CUDA tensors: staged through pinned host memory on "tcp", native on "nccl". GPU machines only
 (``make test-gpu``); everything here skips, saying why, where CUDA is missing. What does not
-need a GPU is covered on CPU by tests/test_staging.py and tests/test_engine.py."""
+need a GPU is covered on CPU by tests/collectives/test_staging.py and tests/integration/test_engine.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from suite_common import async_suite, check_async_suite, check_sync_suite, sync_suite  # noqa: E402
+from support.suite import async_suite, check_async_suite, check_sync_suite, sync_suite  # noqa: E402
 
 import aiodist as dist  # noqa: E402
 from aiodist import _staging, _world  # noqa: E402

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from waits import closed_within, eventually
+from support.waits import closed_within, eventually
 
 import aiodist.wire.frames as frames_mod
 from aiodist.errors import DistError, DistNetworkError, DistTimeoutError, GroupOutOfStepError

@@ -1,9 +1,9 @@
-"""Helpers shared by the tests/test_faults_*.py files (imported by spawned ranks too).
+"""Helpers shared by the tests/faults/test_faults_*.py files (imported by spawned ranks too).
 
 ``record(row, what, seconds)`` appends a measurement to the JSON-lines file named by
 ``AIODIST_FAULT_TIMES`` (when set): that is how the README's fault table was measured::
 
-    AIODIST_FAULT_TIMES=/tmp/faults.jsonl .venv/bin/python -m pytest -q tests/test_faults_*.py
+    AIODIST_FAULT_TIMES=/tmp/faults.jsonl .venv/bin/python -m pytest -q tests/faults/test_faults_*.py
 """
 
 from __future__ import annotations
