@@ -67,7 +67,7 @@ class DeviceTensorError(DistValueError):
     """A CUDA tensor reached code that only views host memory.
 
     The operations of the async face catch it and stage the tensor through pinned host
-    buffers (``aiodist._staging``) when their group can; anywhere else it is the user's error.
+    buffers (``aiodist.backends.staged``) when their group can; anywhere else it is the user's error.
     """
 
 

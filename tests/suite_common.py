@@ -120,11 +120,11 @@ async def async_suite(
 
     os.environ.setdefault("LOCAL_RANK", str(rank))  # as aiodist-run sets it (nccl: the device)
     await dist.init_process_group(backend, "env://", timeout=60)
-    from aiodist import _world
+    from aiodist.face import world as _world
 
     stager = None
     if stage:
-        from aiodist._staging import HostStager
+        from aiodist.backends.staged import HostStager
 
         stager = HostStager()
         _world.set_stager(stager)
@@ -210,8 +210,8 @@ def sync_suite(
         device = f"cuda:{torch.cuda.current_device()}"
     sd.init_process_group(backend, rank=rank, world_size=size)
     if stage:
-        from aiodist import _world
-        from aiodist._staging import HostStager
+        from aiodist.backends.staged import HostStager
+        from aiodist.face import world as _world
 
         _world.set_stager(HostStager())
 

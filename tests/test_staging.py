@@ -13,8 +13,10 @@ import pytest
 from suite_common import async_suite, check_async_suite, check_sync_suite, sync_suite
 
 import aiodist as dist
-from aiodist import _staging, _tensors, _world
-from aiodist._staging import BufferPool, HostStager
+from aiodist import _tensors
+from aiodist.backends import staged as _staging
+from aiodist.backends.staged import BufferPool, HostStager
+from aiodist.face import world as _world
 from aiodist.group import ProcessGroup
 from aiodist.store import HashStore
 from aiodist.testing import memory_world, spawn

@@ -1,7 +1,7 @@
 """Blocking stores for the sync face: torch's store classes, each wrapping an async store.
 
 Every method runs the async store's coroutine on the process-wide loop thread
-(``aiodist._loop_thread``) and blocks the calling thread for the result, so these objects can
+(``aiodist.runtime.loop_thread``) and blocks the calling thread for the result, so these objects can
 be used from any thread except that loop thread itself. Constructors connect (or open the
 file) at once, as torch's do. ``.async_store`` is the wrapped async store, for code that mixes
 both faces. ``timeout`` is a ``datetime.timedelta`` here, as in torch.
@@ -16,8 +16,8 @@ from collections.abc import Coroutine, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from aiodist._loop_thread import get_loop_thread
 from aiodist.errors import DistTypeError
+from aiodist.runtime.loop_thread import get_loop_thread
 from aiodist.store import client as _client
 from aiodist.store import file as _file
 from aiodist.store import memory as _memory

@@ -4,13 +4,13 @@ Every call has torch.distributed's signature; operations block unless ``async_op
 which returns a ``Work``. The runtime runs on a background uvloop thread.
 """
 
-from aiodist._monitored import sync_monitored_barrier as monitored_barrier
 from aiodist.errors import CollectiveMismatchError as CollectiveMismatchError
 from aiodist.errors import DistError as DistError
 from aiodist.errors import DistNetworkError as DistNetworkError
 from aiodist.errors import DistStoreError as DistStoreError
 from aiodist.errors import DistTimeoutError as DistTimeoutError
 from aiodist.errors import GroupOutOfStepError as GroupOutOfStepError
+from aiodist.face.monitored_barrier import sync_monitored_barrier as monitored_barrier
 from aiodist.group import ProcessGroup as ProcessGroup
 from aiodist.ops import ReduceOp as ReduceOp
 from aiodist.ops import reduce_op as reduce_op

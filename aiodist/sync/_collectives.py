@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import aiodist._collectives as _c
-import aiodist._objects as _o
-import aiodist._world as _world
+import aiodist.face.object_collectives as _o
+import aiodist.face.tensor_collectives as _c
+import aiodist.face.world as _world
 from aiodist.errors import DistTypeError, DistValueError
 from aiodist.ops import ReduceOp
 from aiodist.sync._bridge import call

@@ -38,8 +38,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from aiodist._progress import every
 from aiodist.errors import DistError, DistStoreError, DistTimeoutError, DistValueError
+from aiodist.rendezvous.progress import every
 from aiodist.store import Store
 from aiodist.store.base import StoreShutDownError
 from aiodist.transport.tcp import TcpTransport

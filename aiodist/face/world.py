@@ -15,8 +15,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiodist import _busy_poll, _engine, _logging, _loop_thread
-from aiodist._staging import CudaStager, Stager
+from aiodist.backends import torch_engine as _engine
+from aiodist.backends.staged import CudaStager, Stager
 from aiodist.errors import DistError, DistTimeoutError, DistTypeError, DistValueError
 from aiodist.group import ProcessGroup
 from aiodist.rendezvous import (
@@ -26,6 +26,9 @@ from aiodist.rendezvous import (
     local_address_towards,
     resolve_rendezvous,
 )
+from aiodist.runtime import busy_poll as _busy_poll
+from aiodist.runtime import log_level as _logging
+from aiodist.runtime import loop_thread as _loop_thread
 from aiodist.store import PrefixStore, Store, TCPStore
 from aiodist.store.base import StoreShutDownError
 from aiodist.transport.base import Transport, exit_goodbye
@@ -49,7 +52,7 @@ __all__ = [
 log = logging.getLogger("aiodist")
 
 # Backend names -> what runs them: aiodist's own transport ("tcp", which stages CUDA tensors
-# through host memory), or a torch engine behind aiodist's API (aiodist._engine).
+# through host memory), or a torch engine behind aiodist's API (aiodist.backends.torch_engine).
 BACKENDS = {"tcp": "tcp", "gloo": "tcp", "nccl": "nccl", "torch-gloo": "torch-gloo"}
 
 

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import uvloop
 
-from aiodist import _busy_poll
+from aiodist.runtime import busy_poll as _busy_poll
 
 T = TypeVar("T")
 

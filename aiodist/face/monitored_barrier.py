@@ -15,9 +15,9 @@ import asyncio
 import datetime
 from typing import Any
 
-from aiodist._world import resolve_group
 from aiodist.collectives.context import OpContext
 from aiodist.errors import DistNetworkError, DistTimeoutError, DistTypeError, DistValueError
+from aiodist.face.world import resolve_group
 from aiodist.group import ProcessGroup
 from aiodist.work import Work
 

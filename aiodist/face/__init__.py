@@ -1,0 +1,3 @@
+"""The async face's implementation (``import aiodist`` re-exports it): the default group and group
+creation (``world``), tensor collectives, object collectives, point-to-point, monitored_barrier and
+resync. Each call resolves its group and starts the operation on it."""
