@@ -19,8 +19,9 @@ from typing import Any
 
 from aiodist import _tensors
 from aiodist._recovery import StepKeeper
+from aiodist._tensors import byte_view
 from aiodist.collectives.barrier import barrier as _barrier_algo
-from aiodist.collectives.context import OpContext, byte_view
+from aiodist.collectives.context import OpContext
 from aiodist.errors import (
     CollectiveMismatchError,
     DistError,
@@ -29,6 +30,7 @@ from aiodist.errors import (
     DistTypeError,
     DistValueError,
     GroupOutOfStepError,
+    name_ranks,
 )
 from aiodist.ops import dtype_name
 from aiodist.runtime import busy_poll as _busy_poll
@@ -78,7 +80,7 @@ def _describe_ranks(ranks: Sequence[int | None]) -> str:
     names = ["any source" if r is None else str(r) for r in ranks]
     if not names:
         return "no rank (the operation was still sending)"
-    return ("rank " if len(names) == 1 else "ranks ") + ", ".join(names)
+    return name_ranks(names)
 
 
 class ProcessGroup:

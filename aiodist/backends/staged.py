@@ -4,7 +4,7 @@ The transport reads and writes host memory, so a CUDA tensor given to an operati
 group travels through a *twin*: a host tensor of the same shape and dtype over a buffer from
 the stager's pool (pinned memory for CUDA, so the copies are real asynchronous DMA).
 
-How one staged operation runs (``call_staged``; the hook is ``aiodist.backends.dispatch.routed``):
+How one staged operation runs (``call_staged``; the hook is ``aiodist.face.dispatch.routed``):
 
 1. At the call, every tensor argument the stager wants is replaced by its twin. An input starts
    its copy into the twin at once: CUDA does it on a side stream that first waits for the

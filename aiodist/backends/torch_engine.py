@@ -272,7 +272,7 @@ class TorchEngine:
     """Runs the tensor operations of one aiodist group on a torch process group.
 
     Its methods have the signatures of the async face's operations (``aiodist.all_reduce``...);
-    ``aiodist.backends.dispatch.routed`` calls them for groups whose ``engine`` is set. ``group``
+    ``aiodist.face.dispatch.routed`` calls them for groups whose ``engine`` is set. ``group``
     arguments are ignored (the engine serves one group); ranks are global, as everywhere.
 
     Attributes:

@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiodist.backends.dispatch import routed
 from aiodist.backends.staged import IN, OUT
 from aiodist.errors import DistTypeError, DistValueError
+from aiodist.face.dispatch import routed
 from aiodist.face.world import resolve_group
 from aiodist.work import Work
 

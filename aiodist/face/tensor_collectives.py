@@ -21,7 +21,6 @@ from typing import Any
 
 from aiodist import _tensors
 from aiodist.backends import staged as _staging
-from aiodist.backends.dispatch import routed
 from aiodist.backends.staged import IN, INOUT, OUT
 from aiodist.collectives.allgather import allgather as _allgather
 from aiodist.collectives.allreduce import allreduce as _allreduce
@@ -34,6 +33,7 @@ from aiodist.collectives.gather import scatter as _scatter
 from aiodist.collectives.reduce import reduce as _reduce
 from aiodist.collectives.reduce_scatter import reduce_scatter as _reduce_scatter
 from aiodist.errors import DistTypeError, DistValueError
+from aiodist.face.dispatch import routed
 from aiodist.face.world import resolve_group
 from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp, check_reduce, dtype_name

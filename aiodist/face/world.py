@@ -29,6 +29,7 @@ from aiodist.rendezvous import (
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.runtime import log_level as _logging
 from aiodist.runtime import loop_thread as _loop_thread
+from aiodist.runtime.timeouts import as_seconds
 from aiodist.store import PrefixStore, Store, TCPStore
 from aiodist.store.base import StoreShutDownError
 from aiodist.transport.base import Transport, exit_goodbye
@@ -87,14 +88,6 @@ def world() -> World:
     return _world
 
 
-def _seconds(timeout: Any) -> float:
-    if isinstance(timeout, datetime.timedelta):
-        return timeout.total_seconds()
-    if isinstance(timeout, int | float) and not isinstance(timeout, bool):
-        return float(timeout)
-    raise DistTypeError(f"timeout must be seconds or a datetime.timedelta, not {type(timeout).__name__}")
-
-
 async def init_process_group(
     backend: str | None = "tcp",
     init_method: str | None = None,
@@ -137,7 +130,7 @@ async def init_process_group(
         _engine.check_available(engine)
     _logging.configure_from_env()
     device = _device(device_id, engine)
-    seconds = _seconds(timeout)
+    seconds = as_seconds(timeout)
     loop = asyncio.get_running_loop()
     _busy_poll.for_loop(loop)  # reads AIODIST_BUSY_POLL_US: a bad value fails here, before any rendezvous
     deadline = loop.time() + seconds
@@ -278,7 +271,7 @@ def _leave_at_exit(loop: asyncio.AbstractEventLoop) -> None:
     peers this rank is done (not crashed), so ranks still talking among themselves go on.
     """
     global _exit_hook_registered
-    lt = _loop_thread._instance
+    lt = _loop_thread.started_loop_thread()
     if _exit_hook_registered or lt is None or lt.loop is not loop:
         return
     _exit_hook_registered = True
@@ -420,7 +413,7 @@ async def new_group(
     else:
         gid = w.next_gid
         w.next_gid += 1
-    t = w.default_group.timeout if timeout is None else _seconds(timeout)
+    t = w.default_group.timeout if timeout is None else as_seconds(timeout)
     group = ProcessGroup(w.transport, members, gid, timeout=t, backend=engine or "tcp")
     await _equip(w, group, engine)
     w.groups.append(group)

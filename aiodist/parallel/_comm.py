@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import aiodist
 from aiodist.collectives.context import OpContext
-from aiodist.errors import DistError, DistTimeoutError
+from aiodist.errors import DistError, DistTimeoutError, name_ranks
 from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp
 from aiodist.parallel.bucketing import compute_bucket_assignment_by_size
@@ -185,7 +185,7 @@ async def _exchange(ctx: OpContext, payload: bytes, wait: float, what: str) -> l
     _, pending = await asyncio.wait(list(head_recvs.values()), timeout=wait)
     if pending:
         missing = [ctx.ranks[p] for p, f in head_recvs.items() if f in pending]
-        who = ("rank " if len(missing) == 1 else "ranks ") + ", ".join(map(str, missing))
+        who = name_ranks(missing)
         raise DistTimeoutError(f"{what} on rank {ctx.ranks[me]}: {who} did not arrive within {wait:g} s")
     for f in head_recvs.values():
         f.result()  # a lost peer raises here

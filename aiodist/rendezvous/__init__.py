@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs, urlparse
 
 from aiodist.errors import DistStoreError, DistValueError
-from aiodist.rendezvous.progress import every
+from aiodist.runtime.progress import every
 from aiodist.store import FileStore, PrefixStore, Store, TCPStore
 from aiodist.store.base import PORT_ADVICE, ForeignStoreError
 from aiodist.transport.mesh import namespace

@@ -245,6 +245,11 @@ _lock = threading.Lock()
 _instance: LoopThread | None = None
 
 
+def started_loop_thread() -> LoopThread | None:
+    """The process-wide loop thread if one was started (and not replaced), else None; starts none."""
+    return _instance
+
+
 def get_loop_thread() -> LoopThread:
     """The process-wide loop thread, started on first use."""
     global _instance

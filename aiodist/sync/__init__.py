@@ -10,7 +10,6 @@ from aiodist.errors import DistNetworkError as DistNetworkError
 from aiodist.errors import DistStoreError as DistStoreError
 from aiodist.errors import DistTimeoutError as DistTimeoutError
 from aiodist.errors import GroupOutOfStepError as GroupOutOfStepError
-from aiodist.face.monitored_barrier import sync_monitored_barrier as monitored_barrier
 from aiodist.group import ProcessGroup as ProcessGroup
 from aiodist.ops import ReduceOp as ReduceOp
 from aiodist.ops import reduce_op as reduce_op
@@ -83,6 +82,7 @@ from aiodist.sync._debug import DebugLevel as DebugLevel
 from aiodist.sync._debug import get_debug_level as get_debug_level
 from aiodist.sync._debug import set_debug_level as set_debug_level
 from aiodist.sync._debug import set_debug_level_from_env as set_debug_level_from_env
+from aiodist.sync._monitored_barrier import sync_monitored_barrier as monitored_barrier
 from aiodist.work import Work as Work
 
 # As torch does when torch.distributed is imported: TORCH_DISTRIBUTED_DEBUG (else AIODIST_DEBUG).
