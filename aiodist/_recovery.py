@@ -32,7 +32,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from aiodist.errors import DistError, DistNetworkError, DistTimeoutError, DistValueError, GroupOutOfStepError
+from aiodist.errors import (
+    DistError,
+    DistNetworkError,
+    DistTimeoutError,
+    DistValueError,
+    GroupOutOfStepError,
+    name_ranks,
+)
 from aiodist.transport.base import COLL
 from aiodist.wire.control import (
     ABANDONED,
@@ -61,8 +68,7 @@ _QUERIES_KEPT = 64
 
 
 def _ranks(ranks: Iterable[int]) -> str:
-    rs = sorted(ranks)
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+    return name_ranks(sorted(ranks))
 
 
 def _at(next_seq: int) -> str:

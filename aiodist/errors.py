@@ -19,6 +19,8 @@ This module imports nothing else of aiodist.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "CollectiveMismatchError",
     "DistError",
@@ -29,6 +31,7 @@ __all__ = [
     "DistValueError",
     "GroupOutOfStepError",
     "UnsupportedReduceError",
+    "name_ranks",
 ]
 
 
@@ -73,3 +76,15 @@ class UnsupportedReduceError(DistTypeError, ValueError):
     A ``TypeError`` (the dtype is wrong for the op) and a ``ValueError``, the class torch raises
     for it ("all_reduce does not support ... on complex tensors").
     """
+
+
+def name_ranks(ranks: Sequence[object], *, at_most: int | None = None) -> str:
+    """``"rank 3"`` or ``"ranks 1, 2"``: how every error message names ranks.
+
+    With ``at_most``, only that many are listed, then ``"and N more"``.
+    """
+    shown = list(ranks) if at_most is None else list(ranks[:at_most])
+    text = ", ".join(map(str, shown))
+    if at_most is not None and len(ranks) > at_most:
+        text += f" and {len(ranks) - at_most} more"
+    return ("rank " if len(ranks) == 1 else "ranks ") + text

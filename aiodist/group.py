@@ -17,10 +17,11 @@ import math
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
-from aiodist import _busy_poll, _tensors
+from aiodist import _tensors
 from aiodist._recovery import StepKeeper
+from aiodist._tensors import byte_view
 from aiodist.collectives.barrier import barrier as _barrier_algo
-from aiodist.collectives.context import OpContext, byte_view
+from aiodist.collectives.context import OpContext
 from aiodist.errors import (
     CollectiveMismatchError,
     DistError,
@@ -29,8 +30,10 @@ from aiodist.errors import (
     DistTypeError,
     DistValueError,
     GroupOutOfStepError,
+    name_ranks,
 )
 from aiodist.ops import dtype_name
+from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.transport.base import (
     COLL,
     P2P,
@@ -77,7 +80,7 @@ def _describe_ranks(ranks: Sequence[int | None]) -> str:
     names = ["any source" if r is None else str(r) for r in ranks]
     if not names:
         return "no rank (the operation was still sending)"
-    return ("rank " if len(names) == 1 else "ranks ") + ", ".join(names)
+    return name_ranks(names)
 
 
 class ProcessGroup:
@@ -91,10 +94,10 @@ class ProcessGroup:
         backend: the name ``get_backend`` reports.
     """
 
-    #: The torch engine that runs this group's tensor operations (``aiodist._engine``; backends
+    #: The torch engine that runs this group's tensor operations (``aiodist.backends.torch_engine``; backends
     #: "nccl" and "torch-gloo"), or None. Set by ``init_process_group`` / ``new_group``.
     engine: Any = None
-    #: Stages CUDA tensors through host buffers (``aiodist._staging``), or None (CUDA tensors
+    #: Stages CUDA tensors through host buffers (``aiodist.backends.staged``), or None (CUDA tensors
     #: are refused). Set by ``init_process_group`` / ``new_group``.
     stager: Any = None
 

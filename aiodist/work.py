@@ -14,8 +14,8 @@ import datetime
 from collections.abc import Generator
 from typing import Any
 
-from aiodist._loop_thread import wait_future
 from aiodist.errors import DistError, DistTimeoutError
+from aiodist.runtime.loop_thread import wait_future
 
 __all__ = ["Work"]
 

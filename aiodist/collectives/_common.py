@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from aiodist._tensors import byte_view
 from aiodist.collectives import select
-from aiodist.collectives.context import byte_view
 from aiodist.errors import DistValueError
 from aiodist.ops import ReduceOp, finalize_inplace, reduce_inplace
 

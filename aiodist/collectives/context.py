@@ -10,25 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Sequence
-from typing import Any
 
-import numpy as np
-
+from aiodist._tensors import byte_view
 from aiodist.transport.base import Fingerprint, Key, Transport
 
 __all__ = ["OpContext", "byte_view"]
-
-
-def byte_view(arr: np.ndarray) -> memoryview:
-    """A flat writable-if-possible byte view of a C-contiguous array (any dtype, bfloat16 too)."""
-    try:
-        # The common case in one step (a third of the time of the numpy view below, which is
-        # on the path of every message); dtypes the buffer protocol cannot describe
-        # (bfloat16) raise, and take the general route.
-        return memoryview(arr).cast("B")  # type: ignore[arg-type]
-    except (TypeError, ValueError, NotImplementedError):
-        flat: Any = arr.reshape(-1).view(np.uint8)  # numpy arrays are buffers; its stubs don't say so
-        return memoryview(flat)
 
 
 class OpContext:

@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 
 from aiodist.collectives.context import OpContext
-from aiodist.errors import CollectiveMismatchError, DistTimeoutError
+from aiodist.errors import CollectiveMismatchError, DistTimeoutError, name_ranks
 from aiodist.transport.base import CTRL, describe_fingerprint
 
 __all__ = ["check_fingerprints", "detail_enabled"]
@@ -84,7 +84,7 @@ async def _check(ctx: OpContext, timeout: float | None) -> None:
     if pending:
         transport.abandon(key)
         missing = sorted(ctx.ranks[p] for p, f in recvs.items() if f in pending)
-        who = ("rank " if len(missing) == 1 else "ranks ") + ", ".join(map(str, missing))
+        who = name_ranks(missing)
         raise DistTimeoutError(
             f"DETAIL check of {name} on rank {ctx.ranks[r]}: {who} did not reach this collective "
             f"within {timeout:g} s"

@@ -58,7 +58,7 @@ gather, bytes per rank: binomial tree / direct::
 
 from __future__ import annotations
 
-from aiodist import _host
+from aiodist.runtime import host as _host
 
 __all__ = [
     "ALLGATHER_RING_BYTES",
@@ -112,7 +112,7 @@ def offload_reduction(nbytes: int) -> bool:
     has a core to spare for it: with as many ranks as cores (2 cores here) the hop (a thread
     wake-up, the GIL hand-over, a loop wake-up) is pure cost. Measured, 64 MiB all_reduce on
     4 ranks: 157 ms (71 ms CPU per rank) offloaded, 125 ms (58 ms) inline; 16 MiB on 2 ranks:
-    24.7 ms offloaded, 20.1 ms inline. Ranks on this host: see ``aiodist._host.local_ranks``.
+    24.7 ms offloaded, 20.1 ms inline. Ranks on this host: see ``aiodist.runtime.host.local_ranks``.
     """
     return nbytes >= THREAD_REDUCE_BYTES and _host.has_spare_core()
 

@@ -18,10 +18,11 @@ from typing import Any, TypeVar
 
 import aiodist
 from aiodist.collectives.context import OpContext
-from aiodist.errors import DistError, DistTimeoutError
+from aiodist.errors import DistError, DistTimeoutError, name_ranks
 from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp
 from aiodist.parallel.bucketing import compute_bucket_assignment_by_size
+from aiodist.runtime.loop_thread import block_on, on_loop
 
 __all__ = [
     "BROADCAST_BUCKET_BYTES",
@@ -42,13 +43,6 @@ MAX_BROADCASTS_IN_FLIGHT = 2
 """Coalesced broadcasts in flight at once: bounds the extra memory to two flat buckets."""
 
 
-def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
-
-
 def run_blocking(group: ProcessGroup, make: Callable[[], Coroutine[Any, Any, T]], what: str) -> T:
     """Run the coroutine ``make()`` on the group's loop and block this thread for its result.
 
@@ -56,18 +50,19 @@ def run_blocking(group: ProcessGroup, make: Callable[[], Coroutine[Any, Any, T]]
         DistError: called on the loop's own thread (it would wait for itself), or whatever the
             coroutine raises.
     """
-    loop = group.loop
-    if _on_loop(loop):
-        raise DistError(
+    return block_on(
+        group.loop,
+        make(),
+        lambda: DistError(
             f"{what} waits for the other ranks and cannot run on the runtime's event-loop thread; "
             "use aiodist.sync, or call it from another thread (await asyncio.to_thread(...))"
-        )
-    return asyncio.run_coroutine_threadsafe(make(), loop).result()
+        ),
+    )
 
 
 def post(group: ProcessGroup, fn: Callable[[], None]) -> None:
     """Run ``fn()`` on the group's loop soon, without waiting (at once when already on it)."""
-    if _on_loop(group.loop):
+    if on_loop(group.loop):
         fn()
     else:
         group.loop.call_soon_threadsafe(fn)
@@ -185,7 +180,7 @@ async def _exchange(ctx: OpContext, payload: bytes, wait: float, what: str) -> l
     _, pending = await asyncio.wait(list(head_recvs.values()), timeout=wait)
     if pending:
         missing = [ctx.ranks[p] for p, f in head_recvs.items() if f in pending]
-        who = ("rank " if len(missing) == 1 else "ranks ") + ", ".join(map(str, missing))
+        who = name_ranks(missing)
         raise DistTimeoutError(f"{what} on rank {ctx.ranks[me]}: {who} did not arrive within {wait:g} s")
     for f in head_recvs.values():
         f.result()  # a lost peer raises here

@@ -33,8 +33,8 @@ from typing import Any
 import msgpack
 import torch
 
-from aiodist._world import resolve_group
 from aiodist.errors import DistError, DistTypeError, DistValueError
+from aiodist.face.world import resolve_group
 from aiodist.group import ProcessGroup
 from aiodist.parallel import _comm
 from aiodist.parallel.bucketing import reverse_order_buckets

@@ -19,8 +19,8 @@ import numpy as np
 import numpy.typing as npt
 
 import aiodist
-from aiodist._world import resolve_group
 from aiodist.errors import DistError, DistTypeError, DistValueError
+from aiodist.face.world import resolve_group
 from aiodist.parallel.bucketing import DEFAULT_FIRST_BUCKET_BYTES, reverse_order_buckets
 from aiodist.work import Work
 

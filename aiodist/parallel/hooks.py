@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from aiodist._world import resolve_group
+from aiodist.face.world import resolve_group
 from aiodist.parallel._comm import all_reduce_future
 from aiodist.work import Work
 

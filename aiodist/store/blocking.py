@@ -1,7 +1,7 @@
 """Blocking stores for the sync face: torch's store classes, each wrapping an async store.
 
 Every method runs the async store's coroutine on the process-wide loop thread
-(``aiodist._loop_thread``) and blocks the calling thread for the result, so these objects can
+(``aiodist.runtime.loop_thread``) and blocks the calling thread for the result, so these objects can
 be used from any thread except that loop thread itself. Constructors connect (or open the
 file) at once, as torch's do. ``.async_store`` is the wrapped async store, for code that mixes
 both faces. ``timeout`` is a ``datetime.timedelta`` here, as in torch.
@@ -16,8 +16,8 @@ from collections.abc import Coroutine, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from aiodist._loop_thread import get_loop_thread
 from aiodist.errors import DistTypeError
+from aiodist.runtime.loop_thread import get_loop_thread
 from aiodist.store import client as _client
 from aiodist.store import file as _file
 from aiodist.store import memory as _memory
@@ -33,8 +33,54 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     return get_loop_thread().run(coro)
 
 
-class BlockingStore:
-    """A blocking face over an async ``Store``; the base of the torch-named classes below."""
+class StoreCalls:
+    """The store's operations as blocking calls on ``self._store``, each run through ``_call``.
+
+    Shared by the sync face's stores (below) and the store torch's engines see
+    (``aiodist.backends.torch_engine``); see ``aiodist.store.Store`` for the contracts.
+    """
+
+    _store: Store
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        raise NotImplementedError
+
+    def set(self, key: str, value: Value) -> None:
+        self._call(self._store.set(key, value))
+
+    def get(self, key: str) -> bytes:
+        return bytes(self._call(self._store.get(key)))
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._call(self._store.add(key, amount)))
+
+    def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
+        return bytes(self._call(self._store.compare_set(key, expected, desired)))
+
+    def wait(self, keys: Sequence[str], timeout: Timeout | None = None) -> None:
+        self._call(self._store.wait(list(keys), timeout))
+
+    def check(self, keys: Sequence[str]) -> bool:
+        return bool(self._call(self._store.check(list(keys))))
+
+    def delete_key(self, key: str) -> bool:
+        return bool(self._call(self._store.delete_key(key)))
+
+    def num_keys(self) -> int:
+        return int(self._call(self._store.num_keys()))
+
+    def append(self, key: str, value: Value) -> None:
+        self._call(self._store.append(key, value))
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        return [bytes(v) for v in self._call(self._store.multi_get(list(keys)))]
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
+        self._call(self._store.multi_set(list(keys), list(values)))
+
+
+class BlockingStore(StoreCalls):
+    """A blocking face over an async ``Store`` on the loop thread; the base of the torch-named classes below."""
 
     def __init__(self, store: Store) -> None:
         if not isinstance(store, Store):
@@ -43,6 +89,9 @@ class BlockingStore:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}[blocking]({self._store!r})"
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return _run(coro)
 
     @property
     def async_store(self) -> Store:
@@ -74,40 +123,6 @@ class BlockingStore:
 
     def set_timeout(self, timeout: Timeout) -> None:
         self._store.set_timeout(timeout)
-
-    # -- operations: see ``aiodist.store.Store`` for the contracts -------------------------
-    def set(self, key: str, value: Value) -> None:
-        _run(self._store.set(key, value))
-
-    def get(self, key: str) -> bytes:
-        return _run(self._store.get(key))
-
-    def add(self, key: str, amount: int) -> int:
-        return _run(self._store.add(key, amount))
-
-    def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
-        return _run(self._store.compare_set(key, expected, desired))
-
-    def wait(self, keys: Sequence[str], timeout: Timeout | None = None) -> None:
-        _run(self._store.wait(keys, timeout))
-
-    def check(self, keys: Sequence[str]) -> bool:
-        return _run(self._store.check(keys))
-
-    def delete_key(self, key: str) -> bool:
-        return _run(self._store.delete_key(key))
-
-    def num_keys(self) -> int:
-        return _run(self._store.num_keys())
-
-    def append(self, key: str, value: Value) -> None:
-        _run(self._store.append(key, value))
-
-    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
-        return _run(self._store.multi_get(keys))
-
-    def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
-        _run(self._store.multi_set(keys, values))
 
 
 async def _abort(store: Store) -> None:

@@ -35,15 +35,7 @@ from aiodist.store.base import (
     validate_key,
     validate_keys,
 )
-from aiodist.store.server import (
-    CLIENT_LIMITS,
-    HANDSHAKE_LIMITS,
-    JOB,
-    MAX_KEY_BYTES,
-    MAX_REQUEST_KEYS,
-    MAX_VALUE_BYTES,
-    StoreServer,
-)
+from aiodist.store.server import StoreServer
 from aiodist.wire.frames import FrameReader, ProtocolError, encode_frame
 from aiodist.wire.handshake import (
     AuthError,
@@ -52,6 +44,14 @@ from aiodist.wire.handshake import (
     parse_challenge,
     secret_from_env,
     verify_welcome,
+)
+from aiodist.wire.store import (
+    CLIENT_LIMITS,
+    HANDSHAKE_LIMITS,
+    JOB,
+    MAX_KEY_BYTES,
+    MAX_REQUEST_KEYS,
+    MAX_VALUE_BYTES,
 )
 
 __all__ = ["TCPStore"]

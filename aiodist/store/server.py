@@ -43,6 +43,15 @@ from aiodist.wire.handshake import (
     make_welcome,
     secret_from_env,
 )
+from aiodist.wire.store import (
+    CLIENT_LIMITS,
+    HANDSHAKE_LIMITS,
+    JOB,
+    MAX_KEY_BYTES,
+    MAX_REQUEST_KEYS,
+    MAX_VALUE_BYTES,
+    SERVER_LIMITS,
+)
 
 __all__ = [
     "CLIENT_LIMITS",
@@ -56,32 +65,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("aiodist.store")
-
-JOB = "aiodist-store"
-MAX_VALUE_BYTES = 64 << 20
-MAX_KEY_BYTES = 64 << 10
-MAX_REQUEST_KEYS = 8192
-# compare_set carries two values in one frame, hence twice the value limit.
-SERVER_LIMITS = Limits(
-    max_header=1 << 20,
-    max_payload=2 * MAX_VALUE_BYTES,
-    max_str=MAX_KEY_BYTES,
-    max_bin=64,
-    max_array=2 * MAX_REQUEST_KEYS,
-    max_map=0,
-)
-# The client trusts the server it authenticated; a multi_get answer may exceed one value.
-CLIENT_LIMITS = Limits(
-    max_header=4 << 20,
-    max_payload=1 << 40,
-    max_str=MAX_KEY_BYTES,
-    max_bin=64,
-    max_array=2 * MAX_REQUEST_KEYS,
-    max_map=0,
-)
-# Before authentication nothing but tiny handshake messages is accepted (nothing is allocated
-# beyond the reader's small scratch buffer).
-HANDSHAKE_LIMITS = Limits(max_header=1024, max_payload=0, max_str=512, max_bin=64, max_array=8, max_map=0)
 
 _MAX_WAITS_PER_CONNECTION = 1 << 16
 # How long ``aclose`` lets clients close their end after the "closing" notice. Closing a socket

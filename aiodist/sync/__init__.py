@@ -4,7 +4,6 @@ Every call has torch.distributed's signature; operations block unless ``async_op
 which returns a ``Work``. The runtime runs on a background uvloop thread.
 """
 
-from aiodist._monitored import sync_monitored_barrier as monitored_barrier
 from aiodist.errors import CollectiveMismatchError as CollectiveMismatchError
 from aiodist.errors import DistError as DistError
 from aiodist.errors import DistNetworkError as DistNetworkError
@@ -83,6 +82,7 @@ from aiodist.sync._debug import DebugLevel as DebugLevel
 from aiodist.sync._debug import get_debug_level as get_debug_level
 from aiodist.sync._debug import set_debug_level as set_debug_level
 from aiodist.sync._debug import set_debug_level_from_env as set_debug_level_from_env
+from aiodist.sync._monitored_barrier import sync_monitored_barrier as monitored_barrier
 from aiodist.work import Work as Work
 
 # As torch does when torch.distributed is imported: TORCH_DISTRIBUTED_DEBUG (else AIODIST_DEBUG).

@@ -3,7 +3,7 @@
 A blocking call starts its operation on the loop thread and waits for it; with
 ``async_op=True`` it returns the ``Work`` (whose ``wait()`` blocks the calling thread).
 Operations are started by a plain callback and waited on with the thread's own lock
-(``aiodist._loop_thread``): no Task and no ``concurrent.futures.Future`` on the hot path.
+(``aiodist.runtime.loop_thread``): no Task and no ``concurrent.futures.Future`` on the hot path.
 ``isend``/``irecv`` do not wait even for the start (``start_p2p``): a pipeline of them costs
 the caller no thread hop per message.
 """
@@ -15,11 +15,11 @@ import functools
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from aiodist._loop_thread import get_loop_thread
-from aiodist._staging import on_caller_stream
 from aiodist._tensors import DeviceTensorError
-from aiodist._world import resolve_group
+from aiodist.backends.staged import on_caller_stream
 from aiodist.errors import DistError
+from aiodist.face.world import resolve_group
+from aiodist.runtime.loop_thread import get_loop_thread
 from aiodist.work import Work
 
 __all__ = ["call", "on_loop", "run", "start_p2p"]

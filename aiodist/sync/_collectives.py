@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import aiodist._collectives as _c
-import aiodist._objects as _o
+import aiodist.face.object_collectives as _o
+import aiodist.face.tensor_collectives as _c
 from aiodist.errors import DistTypeError
 from aiodist.ops import ReduceOp
 from aiodist.sync._bridge import call

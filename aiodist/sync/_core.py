@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-import aiodist._engine as _engine
-import aiodist._p2p as _p2p
-import aiodist._world as _world
+import aiodist.backends.torch_engine as _engine
+import aiodist.face.p2p as _p2p
+import aiodist.face.world as _world
 from aiodist._tensors import NotContiguousError
 from aiodist.errors import DistError, DistTypeError, DistValueError, UnsupportedReduceError
 from aiodist.group import ProcessGroup

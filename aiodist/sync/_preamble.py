@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import aiodist._world as _world
+import aiodist.face.world as _world
 from aiodist.errors import DistValueError
 
 __all__ = ["ANY", "NON_GROUP_MEMBER", "global_rank", "not_in_group", "resolved", "torch_op"]

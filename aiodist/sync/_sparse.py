@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-import aiodist._collectives as _c
-import aiodist._world as _world
+import aiodist.face.tensor_collectives as _c
+import aiodist.face.world as _world
 from aiodist import _tensors
 from aiodist.errors import DistValueError
 from aiodist.ops import ReduceOp, as_reduce_op

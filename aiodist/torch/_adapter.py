@@ -18,9 +18,6 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from aiodist import _busy_poll, _collectives, _p2p
-from aiodist._loop_thread import LoopThread
-from aiodist._monitored import monitored_barrier as _monitored_barrier
 from aiodist.errors import (
     CollectiveMismatchError,
     DistError,
@@ -29,8 +26,13 @@ from aiodist.errors import (
     DistTimeoutError,
     GroupOutOfStepError,
 )
+from aiodist.face import p2p as _p2p
+from aiodist.face import tensor_collectives as _collectives
+from aiodist.face.monitored_barrier import monitored_barrier as _monitored_barrier
 from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp
+from aiodist.runtime import busy_poll as _busy_poll
+from aiodist.runtime.loop_thread import LoopThread
 from aiodist.work import Work
 
 __all__ = ["Adapter", "error_kind"]
@@ -159,7 +161,7 @@ class Adapter:
             if not works:
                 work._finish(-1)
                 return
-            # The loop polls for a moment instead of sleeping (see aiodist._busy_poll): torch's
+            # The loop polls for a moment instead of sleeping (see aiodist.runtime.busy_poll): torch's
             # caller usually waits for the work at once (the sync face polls the same way).
             joined = _Joined(work, len(works), source, _busy_poll.for_loop(self._lt.loop))
             for w in works:

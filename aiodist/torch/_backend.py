@@ -19,10 +19,10 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiodist._loop_thread import LoopThread, get_loop_thread
-from aiodist._staging import CudaStager
+from aiodist.backends.staged import CudaStager
 from aiodist.group import ProcessGroup
 from aiodist.rendezvous import local_address_towards
+from aiodist.runtime.loop_thread import LoopThread, get_loop_thread
 from aiodist.store import PrefixStore
 from aiodist.torch._adapter import Adapter
 from aiodist.torch._build import ExtensionBuildError, load_extension

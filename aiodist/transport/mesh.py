@@ -38,8 +38,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from aiodist._progress import every
-from aiodist.errors import DistError, DistStoreError, DistTimeoutError, DistValueError
+from aiodist.errors import DistError, DistStoreError, DistTimeoutError, DistValueError, name_ranks
+from aiodist.runtime.progress import every
 from aiodist.store import Store
 from aiodist.store.base import StoreShutDownError
 from aiodist.transport.tcp import TcpTransport
@@ -348,8 +348,7 @@ def _on_connected(unconnected: set[int], peer: int) -> Callable[[asyncio.Future[
 
 
 def _ranks(ranks: list[int]) -> str:
-    shown = ", ".join(map(str, ranks[:20])) + (f" and {len(ranks) - 20} more" if len(ranks) > 20 else "")
-    return f"rank{'s' if len(ranks) != 1 else ''} {shown}"
+    return name_ranks(ranks, at_most=20)
 
 
 async def _connect_mesh(

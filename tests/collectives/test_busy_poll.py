@@ -1,4 +1,4 @@
-"""Busy polling (``aiodist._busy_poll``): when it is on, what holds it, and that it always stops.
+"""Busy polling (``aiodist.runtime.busy_poll``): when it is on, what holds it, and that it always stops.
 
 A poller that never stopped would burn a core for as long as the process lives; one that
 leaked a hold would poll after every later operation. These tests watch the poller's own
@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import aiodist as dist
-from aiodist import _busy_poll, _host
-from aiodist._loop_thread import get_loop_thread
 from aiodist.errors import DistTimeoutError, DistValueError
+from aiodist.runtime import busy_poll as _busy_poll
+from aiodist.runtime import host as _host
+from aiodist.runtime.loop_thread import get_loop_thread
 from aiodist.testing.memory import memory_world
 
 pytestmark = pytest.mark.timeout(60)

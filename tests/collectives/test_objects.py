@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import aiodist as dist
-from aiodist._objects import decode_object, encode_object
 from aiodist.errors import DistError, DistValueError
+from aiodist.face.object_collectives import decode_object, encode_object
 from aiodist.group import ProcessGroup
 from aiodist.testing import run_memory_world, spawn
 

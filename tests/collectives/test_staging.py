@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 import aiodist as dist
-from aiodist import _staging, _tensors, _world
-from aiodist._staging import HostStager
+from aiodist import _tensors
+from aiodist.backends import staged as _staging
+from aiodist.backends.staged import HostStager
+from aiodist.face import world as _world
 from aiodist.group import ProcessGroup
 from aiodist.store import HashStore
 from aiodist.testing import memory_world

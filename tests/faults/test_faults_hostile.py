@@ -25,8 +25,8 @@ import pytest
 from support.faults import Trap, fd_count, record
 
 import aiodist as dist
-from aiodist._world import world
 from aiodist.errors import DistError
+from aiodist.face.world import world
 from aiodist.store import TCPStore
 from aiodist.testing import free_port, spawn
 from aiodist.transport.tcp import TcpTransport

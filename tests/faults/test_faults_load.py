@@ -18,7 +18,7 @@ import pytest
 from support.faults import record
 
 import aiodist as dist
-from aiodist._world import world
+from aiodist.face.world import world
 from aiodist.testing import spawn
 
 pytestmark = pytest.mark.timeout(150)

@@ -19,7 +19,7 @@ import pytest
 from support.faults import mark, record, since
 
 import aiodist as dist
-from aiodist._world import world
+from aiodist.face.world import world
 from aiodist.group import PEER_LOSS_GRACE
 from aiodist.testing import free_port, spawn
 

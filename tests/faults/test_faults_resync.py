@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import aiodist as dist
-from aiodist._world import world
+from aiodist.face.world import world
 from aiodist.testing import spawn
 
 pytestmark = pytest.mark.timeout(150)

@@ -19,7 +19,7 @@ from support.faults import record
 
 import aiodist as dist
 import aiodist.sync as sdist
-from aiodist._world import world
+from aiodist.face.world import world
 from aiodist.testing import spawn
 
 pytestmark = pytest.mark.timeout(120)

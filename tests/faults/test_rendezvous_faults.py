@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 import aiodist as dist
-from aiodist._world import world
+from aiodist.face.world import world
 from aiodist.rendezvous import interface_address, local_address_towards
 from aiodist.store.client import SILENCE_VERDICT
 from aiodist.testing import free_port, spawn

@@ -14,10 +14,10 @@ import re
 import numpy as np
 import pytest
 
-from aiodist import bench
-from aiodist._bench import cases, report
-from aiodist._bench.progress import Progress, format_duration
-from aiodist._bench.worker import JobConfig
+from aiodist.bench import cases, report
+from aiodist.bench import cli as bench
+from aiodist.bench.progress import Progress, format_duration
+from aiodist.bench.worker import JobConfig
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
@@ -180,7 +180,7 @@ def test_progress_on_a_terminal_redraws_one_line() -> None:
 
 def test_progress_elsewhere_writes_plain_lines_with_an_eta(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [100.0]
-    monkeypatch.setattr("aiodist._bench.progress.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("aiodist.bench.progress.time.monotonic", lambda: clock[0])
     out = io.StringIO()
     p = Progress(_configs(), stream=out, interval=10.0)
     p.start_job(0)

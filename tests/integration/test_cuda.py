@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 from support.suite import async_suite, check_async_suite, check_sync_suite, sync_suite  # noqa: E402
 
 import aiodist as dist  # noqa: E402
-from aiodist import _staging, _world  # noqa: E402
+from aiodist.backends import staged as _staging  # noqa: E402
+from aiodist.face import world as _world  # noqa: E402
 from aiodist.store import HashStore  # noqa: E402
 from aiodist.testing import spawn  # noqa: E402
 

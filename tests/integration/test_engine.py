@@ -17,7 +17,7 @@ tdist = pytest.importorskip("torch.distributed")
 from support.suite import async_suite, check_async_suite, check_sync_suite, sync_suite  # noqa: E402
 
 import aiodist as dist  # noqa: E402
-from aiodist import _engine  # noqa: E402
+from aiodist.backends import torch_engine as _engine  # noqa: E402
 from aiodist.store import HashStore, PrefixStore  # noqa: E402
 from aiodist.testing import memory_world, spawn  # noqa: E402
 

@@ -199,7 +199,10 @@ def test_console_script_version(tmp_path: Path) -> None:
     [
         (["no_such_train.py"], "no_such_train.py: no such file"),
         (["-m", "no_such_module_xyz"], "-m no_such_module_xyz: no module named 'no_such_module_xyz'"),
-        (["-m", "tests.support.launcher_scripts.no_such"], "no module named 'tests.support.launcher_scripts.no_such'"),
+        (
+            ["-m", "tests.support.launcher_scripts.no_such"],
+            "no module named 'tests.support.launcher_scripts.no_such'",
+        ),
         (["--no-python", "no-such-program-xyz"], "no-such-program-xyz: no such executable"),
     ],
 )

@@ -17,7 +17,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from aiodist._multicast import (
+from aiodist.errors import DistError, DistTimeoutError, DistValueError
+from aiodist.rendezvous.multicast import (
     MAX_DATAGRAM,
     Announcement,
     DatagramError,
@@ -28,7 +29,6 @@ from aiodist._multicast import (
     encode_announcement,
     is_multicast_address,
 )
-from aiodist.errors import DistError, DistTimeoutError, DistValueError
 
 REPO = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
@@ -456,7 +456,7 @@ async def test_cancellation_stops_cleanly(group: tuple[str, int]) -> None:
 
 _CHILD = r"""
 import asyncio, json, sys
-from aiodist._multicast import discover
+from aiodist.rendezvous.multicast import discover
 
 addr, port, world_size, loop_kind = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import aiodist.sync as dist
-from aiodist._loop_thread import Waiter, get_loop_thread, thread_waiter
+from aiodist.runtime.loop_thread import Waiter, get_loop_thread, thread_waiter
 from aiodist.testing import spawn
 
 torch = pytest.importorskip("torch")

@@ -142,11 +142,11 @@ async def async_suite(
 
     os.environ.setdefault("LOCAL_RANK", str(rank))  # as aiodist-run sets it (nccl: the device)
     await dist.init_process_group(backend, "env://", timeout=60)
-    from aiodist import _world
+    from aiodist.face import world as _world
 
     stager = None
     if stage:
-        from aiodist._staging import HostStager
+        from aiodist.backends.staged import HostStager
 
         stager = HostStager()
         _world.set_stager(stager)
@@ -249,8 +249,8 @@ def sync_suite(
     sd.init_process_group(backend, rank=rank, world_size=size)
     stager = None
     if stage:
-        from aiodist import _world
-        from aiodist._staging import HostStager
+        from aiodist.backends.staged import HostStager
+        from aiodist.face import world as _world
 
         stager = HostStager()
         _world.set_stager(stager)
@@ -367,7 +367,7 @@ async def memory_suite(n: int, kind: str, stage: bool) -> list[dict[str, Any]]:
     """``every_operation`` with ``n`` ranks as tasks over the in-memory transport; ``stage``:
     each rank stages every tensor through ``HostStager`` (whose twins are poisoned, so right
     results mean every input was copied in before use and every output copied back)."""
-    from aiodist._staging import HostStager
+    from aiodist.backends.staged import HostStager
     from aiodist.testing import memory_world
 
     fabric, groups = memory_world(n)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import aiodist as dist
-from aiodist import _staging
-from aiodist._staging import BufferPool
+from aiodist.backends import staged as _staging
+from aiodist.backends.staged import BufferPool
 
 try:
     import torch

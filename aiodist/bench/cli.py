@@ -37,9 +37,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from aiodist._bench import cases, report
-from aiodist._bench.progress import Progress
-from aiodist._bench.worker import JobConfig, worker_main
+from aiodist.bench import cases, report
+from aiodist.bench.progress import Progress
+from aiodist.bench.worker import JobConfig, worker_main
 from aiodist.testing.procs import free_port
 
 __all__ = ["main", "parse_size", "run_job"]
@@ -391,7 +391,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if wrong:
         print(f"# {wrong} wrong elements in total", file=sys.stderr)
     return 1 if failed or wrong else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

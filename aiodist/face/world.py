@@ -15,8 +15,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiodist import _busy_poll, _engine, _logging, _loop_thread
-from aiodist._staging import CudaStager, Stager
+from aiodist.backends import torch_engine as _engine
+from aiodist.backends.staged import CudaStager, Stager
 from aiodist.errors import DistError, DistTimeoutError, DistTypeError, DistValueError
 from aiodist.group import ProcessGroup
 from aiodist.rendezvous import (
@@ -26,6 +26,10 @@ from aiodist.rendezvous import (
     local_address_towards,
     resolve_rendezvous,
 )
+from aiodist.runtime import busy_poll as _busy_poll
+from aiodist.runtime import log_level as _logging
+from aiodist.runtime import loop_thread as _loop_thread
+from aiodist.runtime.timeouts import as_seconds
 from aiodist.store import PrefixStore, Store, TCPStore
 from aiodist.store.base import StoreShutDownError
 from aiodist.transport.base import Transport, exit_goodbye
@@ -49,7 +53,7 @@ __all__ = [
 log = logging.getLogger("aiodist")
 
 # Backend names -> what runs them: aiodist's own transport ("tcp", which stages CUDA tensors
-# through host memory), or a torch engine behind aiodist's API (aiodist._engine).
+# through host memory), or a torch engine behind aiodist's API (aiodist.backends.torch_engine).
 BACKENDS = {"tcp": "tcp", "gloo": "tcp", "nccl": "nccl", "torch-gloo": "torch-gloo"}
 
 
@@ -82,14 +86,6 @@ def world() -> World:
             "Default process group has not been initialized, please make sure to call init_process_group."
         )
     return _world
-
-
-def _seconds(timeout: Any) -> float:
-    if isinstance(timeout, datetime.timedelta):
-        return timeout.total_seconds()
-    if isinstance(timeout, int | float) and not isinstance(timeout, bool):
-        return float(timeout)
-    raise DistTypeError(f"timeout must be seconds or a datetime.timedelta, not {type(timeout).__name__}")
 
 
 async def init_process_group(
@@ -134,7 +130,7 @@ async def init_process_group(
         _engine.check_available(engine)
     _logging.configure_from_env()
     device = _device(device_id, engine)
-    seconds = _seconds(timeout)
+    seconds = as_seconds(timeout)
     loop = asyncio.get_running_loop()
     _busy_poll.for_loop(loop)  # reads AIODIST_BUSY_POLL_US: a bad value fails here, before any rendezvous
     deadline = loop.time() + seconds
@@ -275,7 +271,7 @@ def _leave_at_exit(loop: asyncio.AbstractEventLoop) -> None:
     peers this rank is done (not crashed), so ranks still talking among themselves go on.
     """
     global _exit_hook_registered
-    lt = _loop_thread._instance
+    lt = _loop_thread.started_loop_thread()
     if _exit_hook_registered or lt is None or lt.loop is not loop:
         return
     _exit_hook_registered = True
@@ -428,7 +424,7 @@ async def new_group(
     else:
         gid = w.next_gid
         w.next_gid += 1
-    t = w.default_group.timeout if timeout is None else _seconds(timeout)
+    t = w.default_group.timeout if timeout is None else as_seconds(timeout)
     group = ProcessGroup(w.transport, members, gid, timeout=t, backend=engine or "tcp")
     await _equip(w, group, engine)
     w.groups.append(group)

@@ -23,8 +23,8 @@ import struct
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlparse
 
-from aiodist._progress import every
 from aiodist.errors import DistStoreError, DistValueError
+from aiodist.runtime.progress import every
 from aiodist.store import FileStore, PrefixStore, Store, TCPStore
 from aiodist.store.base import PORT_ADVICE, ForeignStoreError
 from aiodist.transport.mesh import namespace
@@ -328,7 +328,7 @@ async def resolve_rendezvous(
         if not host:
             raise DistValueError(f"init_method {init_method!r} has no host")
         _need_world_size(world_size, init_method or "")
-        from aiodist import _multicast
+        from aiodist.rendezvous import multicast as _multicast
 
         if _multicast.is_multicast_address(host):
             found = await _multicast.discover(host, port, world_size, timeout=timeout)

@@ -10,10 +10,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiodist._dispatch import routed
-from aiodist._staging import IN, OUT
-from aiodist._world import resolve_group
+from aiodist.backends.staged import IN, OUT
 from aiodist.errors import DistTypeError, DistValueError
+from aiodist.face.dispatch import routed
+from aiodist.face.world import resolve_group
 from aiodist.work import Work
 
 __all__ = ["P2POp", "barrier", "batch_isend_irecv", "irecv", "isend", "recv", "send"]

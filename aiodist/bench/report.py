@@ -6,8 +6,8 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from aiodist._bench import cases
-from aiodist._bench.worker import STREAM_BURST
+from aiodist.bench import cases
+from aiodist.bench.worker import STREAM_BURST
 
 __all__ = [
     "Result",

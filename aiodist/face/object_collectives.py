@@ -25,14 +25,14 @@ import msgpack
 import numpy as np
 
 from aiodist import _tensors
-from aiodist._collectives import launch
-from aiodist._world import resolve_group
 from aiodist.collectives._common import bv
 from aiodist.collectives.allgather import allgather as _allgather
 from aiodist.collectives.broadcast import broadcast as _broadcast
 from aiodist.collectives.gather import gather as _gather
 from aiodist.collectives.gather import scatter as _scatter
 from aiodist.errors import DistError, DistTypeError, DistValueError
+from aiodist.face.tensor_collectives import launch
+from aiodist.face.world import resolve_group
 from aiodist.group import ProcessGroup
 from aiodist.ops import SUPPORTED_DTYPE_NAMES, dtype_from_name, dtype_name
 from aiodist.transport.base import P2P

@@ -5,8 +5,8 @@ Each tensor operation of ``_collectives`` and ``_p2p`` is decorated with the rol
 tensor arguments. A call then goes, in this order:
 
 1. to the torch engine of its group (``group.engine``, backends "nccl" and "torch-gloo",
-   ``aiodist._engine``): the engine's method of the same name and signature;
-2. staged through host buffers (``aiodist._staging.call_staged``) when it holds a CUDA tensor
+   ``aiodist.backends.torch_engine``): the engine's method of the same name and signature;
+2. staged through host buffers (``aiodist.backends.staged.call_staged``) when it holds a CUDA tensor
    (the tensor layer raises ``DeviceTensorError``, caught here, before the operation took a
    sequence number) or when the group's stager stages host tensors too (tests);
 3. otherwise to the function itself. This common path costs one group lookup and a ``try``.
@@ -19,9 +19,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from aiodist._staging import Role, call_staged
 from aiodist._tensors import DeviceTensorError
-from aiodist._world import resolve_group
+from aiodist.backends.staged import Role, call_staged
+from aiodist.face.world import resolve_group
 from aiodist.work import Work
 
 __all__ = ["routed"]

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from aiodist._bench import cases
-from aiodist._bench.cases import Buffers
+from aiodist.bench import cases
+from aiodist.bench.cases import Buffers
 
 __all__ = ["JobConfig", "iterations", "worker_main"]
 

@@ -16,8 +16,8 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from aiodist._bench import cases
-from aiodist._bench.worker import JobConfig, iterations
+from aiodist.bench import cases
+from aiodist.bench.worker import JobConfig, iterations
 
 __all__ = ["Progress", "case_weight", "format_duration"]
 

@@ -34,8 +34,8 @@ import datetime
 import importlib
 import math
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -50,7 +50,9 @@ from aiodist.errors import (
 )
 from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp, check_reduce
+from aiodist.runtime.loop_thread import block_on
 from aiodist.store import Store
+from aiodist.store.blocking import StoreCalls
 from aiodist.work import Work
 
 __all__ = ["ENGINE_BACKENDS", "TorchEngine", "check_available", "start_engine", "torch_store"]
@@ -116,6 +118,8 @@ def cuda_device(device_id: Any) -> Any:
 
 # -- the store, as torch sees it ---------------------------------------------------------------
 
+T = TypeVar("T")
+
 _store_class: Any = None
 
 
@@ -132,63 +136,28 @@ def torch_store(store: Store, loop: asyncio.AbstractEventLoop) -> Any:
     return _store_class(store, loop)
 
 
+def _store_on_loop() -> DistStoreError:
+    return DistStoreError(
+        "torch called the aiodist store on the runtime loop's own thread, where it would "
+        "wait for itself; torch process groups must be built and driven off that thread"
+    )
+
+
 def _make_store_class() -> Any:
     _, td = _torch()
     base: Any = td.Store
 
-    class AiodistTorchStore(base):  # type: ignore[misc]
+    class AiodistTorchStore(StoreCalls, base):  # type: ignore[misc]
         """An aiodist store seen by torch's engines (see ``torch_store``)."""
 
         def __init__(self, store: Store, loop: asyncio.AbstractEventLoop) -> None:
             super().__init__()
             self.async_store = store
+            self._store = store
             self._loop = loop
 
-        def _run(self, coro: Any) -> Any:
-            try:
-                on_loop = asyncio.get_running_loop() is self._loop
-            except RuntimeError:
-                on_loop = False
-            if on_loop:
-                coro.close()
-                raise DistStoreError(
-                    "torch called the aiodist store on the runtime loop's own thread, where it would "
-                    "wait for itself; torch process groups must be built and driven off that thread"
-                )
-            return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-        def set(self, key: str, value: Any) -> None:
-            self._run(self.async_store.set(key, value))
-
-        def get(self, key: str) -> bytes:
-            return bytes(self._run(self.async_store.get(key)))
-
-        def add(self, key: str, amount: int) -> int:
-            return int(self._run(self.async_store.add(key, amount)))
-
-        def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
-            return bytes(self._run(self.async_store.compare_set(key, expected, desired)))
-
-        def wait(self, keys: Sequence[str], timeout: Any = None) -> None:
-            self._run(self.async_store.wait(list(keys), timeout))
-
-        def check(self, keys: Sequence[str]) -> bool:
-            return bool(self._run(self.async_store.check(list(keys))))
-
-        def delete_key(self, key: str) -> bool:
-            return bool(self._run(self.async_store.delete_key(key)))
-
-        def num_keys(self) -> int:
-            return int(self._run(self.async_store.num_keys()))
-
-        def append(self, key: str, value: Any) -> None:
-            self._run(self.async_store.append(key, value))
-
-        def multi_get(self, keys: Sequence[str]) -> list[bytes]:
-            return [bytes(v) for v in self._run(self.async_store.multi_get(list(keys)))]
-
-        def multi_set(self, keys: Sequence[str], values: Sequence[Any]) -> None:
-            self._run(self.async_store.multi_set(list(keys), list(values)))
+        def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+            return block_on(self._loop, coro, _store_on_loop)
 
         def has_extended_api(self) -> bool:
             return True
@@ -272,7 +241,7 @@ class TorchEngine:
     """Runs the tensor operations of one aiodist group on a torch process group.
 
     Its methods have the signatures of the async face's operations (``aiodist.all_reduce``...);
-    ``aiodist._dispatch.routed`` calls them for groups whose ``engine`` is set. ``group``
+    ``aiodist.face.dispatch.routed`` calls them for groups whose ``engine`` is set. ``group``
     arguments are ignored (the engine serves one group); ranks are global, as everywhere.
 
     Attributes:

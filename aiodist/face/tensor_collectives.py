@@ -19,10 +19,9 @@ from __future__ import annotations
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from aiodist import _staging, _tensors
-from aiodist._dispatch import routed
-from aiodist._staging import IN, INOUT, OUT
-from aiodist._world import resolve_group
+from aiodist import _tensors
+from aiodist.backends import staged as _staging
+from aiodist.backends.staged import IN, INOUT, OUT
 from aiodist.collectives.allgather import allgather as _allgather
 from aiodist.collectives.allreduce import allreduce as _allreduce
 from aiodist.collectives.alltoall import alltoall as _alltoall
@@ -34,6 +33,8 @@ from aiodist.collectives.gather import scatter as _scatter
 from aiodist.collectives.reduce import reduce as _reduce
 from aiodist.collectives.reduce_scatter import reduce_scatter as _reduce_scatter
 from aiodist.errors import DistTypeError, DistValueError
+from aiodist.face.dispatch import routed
+from aiodist.face.world import resolve_group
 from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp, check_reduce, dtype_name
 from aiodist.work import Work

@@ -22,11 +22,19 @@ from typing import Any, TypeVar
 
 import uvloop
 
-from aiodist import _busy_poll
+from aiodist.runtime import busy_poll as _busy_poll
 
 T = TypeVar("T")
 
-__all__ = ["LoopThread", "Waiter", "get_loop_thread", "thread_waiter"]
+__all__ = [
+    "LoopThread",
+    "Waiter",
+    "block_on",
+    "get_loop_thread",
+    "on_loop",
+    "started_loop_thread",
+    "thread_waiter",
+]
 
 
 class Waiter:
@@ -243,6 +251,33 @@ def _watch_cb(fut: asyncio.Future[Any], w: Waiter) -> None:
 
 _lock = threading.Lock()
 _instance: LoopThread | None = None
+
+
+def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether the calling thread is the one running ``loop``."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def block_on(
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], refusal: Callable[[], BaseException]
+) -> T:
+    """Run ``coro`` on ``loop`` (running in another thread) and block this thread for its result.
+
+    On ``loop``'s own thread the call would wait for itself: ``coro`` is closed and
+    ``refusal()`` raised instead.
+    """
+    if on_loop(loop):
+        coro.close()
+        raise refusal()
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+
+def started_loop_thread() -> LoopThread | None:
+    """The process-wide loop thread if one was started (and not replaced), else None; starts none."""
+    return _instance
 
 
 def get_loop_thread() -> LoopThread:

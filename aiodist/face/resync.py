@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiodist._world import resolve_group
+from aiodist.face.world import resolve_group
 from aiodist.work import Work
 
 __all__ = ["resync"]

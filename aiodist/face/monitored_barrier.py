@@ -12,35 +12,21 @@ it also runs on a broken group: it is the tool for finding out who is gone.
 from __future__ import annotations
 
 import asyncio
-import datetime
 from typing import Any
 
-from aiodist._world import resolve_group
 from aiodist.collectives.context import OpContext
-from aiodist.errors import DistNetworkError, DistTimeoutError, DistTypeError, DistValueError
+from aiodist.errors import DistNetworkError, DistTimeoutError, DistValueError, name_ranks
+from aiodist.face.world import resolve_group
 from aiodist.group import ProcessGroup
+from aiodist.runtime.timeouts import as_seconds
 from aiodist.work import Work
 
-__all__ = ["monitored_barrier", "sync_monitored_barrier"]
+__all__ = ["monitored_barrier"]
 
 _ACK_BYTES = 1024  # status byte + the failure text, zero-padded
 _OK, _TIMED_OUT, _LOST = 0, 1, 2
 # Extra time a member waits for rank 0's answer beyond the barrier's timeout.
 _ANSWER_SLACK = 2.0
-
-
-def _seconds(timeout: Any, default: float) -> float:
-    if timeout is None:
-        return default
-    if isinstance(timeout, datetime.timedelta):
-        return timeout.total_seconds()
-    if isinstance(timeout, int | float) and not isinstance(timeout, bool):
-        return float(timeout)
-    raise DistTypeError(f"timeout must be seconds or a datetime.timedelta, not {type(timeout).__name__}")
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    return ("ranks " if len(ranks) > 1 else "rank ") + ", ".join(map(str, ranks))
 
 
 async def _member(ctx: OpContext, torch_wording: bool) -> None:
@@ -66,7 +52,7 @@ def _failed_text(ranks: list[int], ms: int, torch_wording: bool) -> str:
     if torch_wording:
         listed = ("Ranks " if len(ranks) > 1 else "Rank ") + ", ".join(map(str, ranks))
         return f"{listed} failed to pass monitoredBarrier in {ms} ms"
-    return f"{_ranks_text(ranks)} failed to pass monitored_barrier in {ms} ms"
+    return f"{name_ranks(ranks)} failed to pass monitored_barrier in {ms} ms"
 
 
 async def _monitor(ctx: OpContext, timeout: float, wait_all_ranks: bool, torch_wording: bool) -> None:
@@ -144,7 +130,7 @@ def monitored_barrier(
         lost); the same error and text on the other members. Runs on a broken group too.
     """
     g: ProcessGroup = resolve_group(group)
-    t = _seconds(timeout, g.timeout)
+    t = g.timeout if timeout is None else as_seconds(timeout)
     if t <= 0:
         raise DistValueError(f"monitored_barrier timeout must be positive, got {t}")
     ctx = g.next_op("monitored_barrier", allow_broken=True)
@@ -154,17 +140,3 @@ def monitored_barrier(
         coro = _monitor(ctx, t, wait_all_ranks, torch_wording)
         return g.collective(ctx, coro, timeout=t + 2 * _ANSWER_SLACK, survives_loss=True)
     return g.collective(ctx, _member(ctx, torch_wording), timeout=t + _ANSWER_SLACK, survives_loss=True)
-
-
-def sync_monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-    """The blocking face's ``monitored_barrier``: torch.distributed's signature and wording.
-
-    On a rank outside ``group`` (``new_group`` gave it ``GroupMember.NON_GROUP_MEMBER``) it is
-    skipped with torch's warning, as every operation of that face.
-    """
-    from aiodist.sync._bridge import call
-    from aiodist.sync._core import not_in_group
-
-    if not_in_group(group, "monitored_barrier"):
-        return
-    call(lambda: monitored_barrier(group, timeout, wait_all_ranks, torch_wording=True), False)

@@ -4,7 +4,7 @@ The transport reads and writes host memory, so a CUDA tensor given to an operati
 group travels through a *twin*: a host tensor of the same shape and dtype over a buffer from
 the stager's pool (pinned memory for CUDA, so the copies are real asynchronous DMA).
 
-How one staged operation runs (``call_staged``; the hook is ``aiodist._dispatch.routed``):
+How one staged operation runs (``call_staged``; the hook is ``aiodist.face.dispatch.routed``):
 
 1. At the call, every tensor argument the stager wants is replaced by its twin. An input starts
    its copy into the twin at once: CUDA does it on a side stream that first waits for the
@@ -24,7 +24,7 @@ never waits for another one's buffer). ``destroy_process_group`` closes it.
 
 Two stagers share this contract: ``CudaStager`` (torch.cuda streams, events, pinned memory) and
 ``HostStager``, which stages CPU tensors through plain host buffers. The tests install the
-latter (``aiodist._world.set_stager``) to run every step above except the device hop itself.
+latter (``aiodist.face.world.set_stager``) to run every step above except the device hop itself.
 """
 
 from __future__ import annotations

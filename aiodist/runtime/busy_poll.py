@@ -14,7 +14,7 @@ microseconds after it started, 200 by default) has not run out, a callback re-sc
 itself with ``call_soon``, which makes the loop poll with a zero timeout. The budget bounds
 the CPU spent on an operation whose peer is slow: after it the loop sleeps as usual.
 
-When: only where the host has a core for each of its ranks (``aiodist._host``): polling on an
+When: only where the host has a core for each of its ranks (``aiodist.runtime.host``): polling on an
 oversubscribed host takes the core another rank needs. The sync face's loop thread polls only
 while a caller is blocked on it, never while the caller's thread computes (the GIL is shared).
 """
@@ -26,8 +26,8 @@ import os
 import time
 import weakref
 
-from aiodist import _host
 from aiodist.errors import DistValueError
+from aiodist.runtime import host as _host
 
 __all__ = ["BusyPoll", "DEFAULT_BUDGET_US", "for_loop"]
 

@@ -1,1 +1,0 @@
-"""Internals of ``aiodist.bench``: the measured cases, the per-rank worker, the report."""

@@ -1,0 +1,110 @@
+"""Imports only point down: no module of aiodist imports one from a layer above its own.
+
+The table below is the layering (lowest first); docs/internals.md shows it to readers. A module
+belongs to the layer of the longest prefix naming it. Modules of one layer may import each other.
+Every import counts, including those inside functions and under ``TYPE_CHECKING``: a lazy import
+hides a dependency, it does not remove it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "aiodist"
+
+# Lowest first. Keep docs/internals.md ("Layers") in step with this table.
+LAYERS: list[tuple[str, ...]] = [
+    ("aiodist.errors",),
+    ("aiodist.ops", "aiodist.wire", "aiodist.runtime"),
+    ("aiodist._tensors", "aiodist.work", "aiodist.store"),
+    ("aiodist.transport",),
+    ("aiodist.collectives",),
+    ("aiodist.group", "aiodist._recovery"),
+    ("aiodist.backends", "aiodist.rendezvous"),
+    ("aiodist.face", "aiodist"),  # "aiodist": the package itself, the async face's names
+    ("aiodist.testing",),
+    ("aiodist.sync",),
+    ("aiodist.parallel",),
+    ("aiodist.torch",),
+    # Tools on top of everything: the launchers and the benchmarks (the DDP step benchmark lives
+    # beside DDP and compares it with torch's DDP on the "aiodist" backend, so it sits up here).
+    (
+        "aiodist._launcher",
+        "aiodist.bench",
+        "aiodist.run",
+        "aiodist.launch",
+        "aiodist.parallel.bench_ddp",
+        "aiodist.torch.bench",
+    ),
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def layer_of(module: str) -> int:
+    """The layer of ``module``: that of the longest table prefix naming it."""
+    best, best_len = -1, -1
+    for level, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = level, len(prefix)
+    if best < 0:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+    return best
+
+
+def imports_of(module: str, path: Path) -> list[tuple[str, int]]:
+    """The aiodist modules ``module`` imports, with the line of each import."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "aiodist"]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                kept = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(kept + ([node.module] if node.module else []))
+            if base.split(".")[0] != "aiodist":
+                continue
+            for alias in node.names:
+                # ``from aiodist import _tensors`` imports a module; ``from aiodist import Work``
+                # imports a name of the package.
+                sub = f"{base}.{alias.name}"
+                found.append((sub if sub in MODULES else base, node.lineno))
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_down(module: str) -> None:
+    own = layer_of(module)
+    upward = [
+        f"{module}:{line} imports {target} (layer {layer_of(target)} > {own})"
+        for target, line in imports_of(module, MODULES[module])
+        if layer_of(target) > own
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
+    """The walker finds an import inside a function (the form upward imports used to hide in)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from aiodist.sync._bridge import call\n    return call\n")
+    assert imports_of("aiodist.runtime.probe", probe) == [("aiodist.sync._bridge", 2)]
+    assert layer_of("aiodist.sync._bridge") > layer_of("aiodist.runtime.probe")
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in MODULES:
+        layer_of(module)
