@@ -256,8 +256,9 @@ def broadcast_object_list(
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     Objects are pickled: receive them only from ranks you trust.
     """
     g = _member(group, "broadcast_object_list")
@@ -302,8 +303,9 @@ def all_gather_object(
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     Objects are pickled: receive them only from ranks you trust.
     """
     g = _member(group, "all_gather_object")
@@ -356,8 +358,9 @@ def gather_object(
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     Objects are pickled: receive them only from ranks you trust.
     """
     g = _member(group, "gather_object")
@@ -421,8 +424,9 @@ def scatter_object_list(
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     Objects are pickled: receive them only from ranks you trust.
     """
     g = _member(group, "scatter_object_list")
@@ -489,8 +493,9 @@ def send_object_list(
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     Objects are pickled: receive them only from ranks you trust.
     """
     g = resolve_group(group)
@@ -528,8 +533,9 @@ def recv_object_list(
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     Objects are pickled: receive them only from ranks you trust.
     """
     g = resolve_group(group)

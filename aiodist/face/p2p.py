@@ -42,8 +42,9 @@ def send(tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: flo
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded; point-to-point operations
+    never put a group out of step). A lost member breaks every group holding it:
+    destroy_process_group, then init again.
     """
     return resolve_group(group).send(tensor, dst, tag, timeout)
 
@@ -73,8 +74,9 @@ def recv(
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded; point-to-point operations
+    never put a group out of step). A lost member breaks every group holding it:
+    destroy_process_group, then init again.
     """
     return resolve_group(group).recv(tensor, src, tag, timeout)
 
@@ -97,8 +99,9 @@ def isend(tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: fl
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded; point-to-point operations
+    never put a group out of step). A lost member breaks every group holding it:
+    destroy_process_group, then init again.
     """
     return resolve_group(group).send(tensor, dst, tag, timeout)
 
@@ -124,8 +127,9 @@ def irecv(
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded; point-to-point operations
+    never put a group out of step). A lost member breaks every group holding it:
+    destroy_process_group, then init again.
     """
     return resolve_group(group).recv(tensor, src, tag, timeout)
 
@@ -206,7 +210,8 @@ def barrier(group: Any = None, *, timeout: float | None = None) -> Work:
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     """
     return resolve_group(group).barrier(timeout)

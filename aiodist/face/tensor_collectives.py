@@ -158,8 +158,9 @@ def broadcast(tensor: Any, src: int, group: Any = None, *, timeout: float | None
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     """
     g = _member(group, "broadcast")
     root = _root(g, src, "src")
@@ -190,8 +191,9 @@ def all_reduce(
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     """
     g = _member(group, "all_reduce")
     arr = _tensors.as_array(tensor, arg="tensor", writable=True)
@@ -222,8 +224,9 @@ def reduce(
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     """
     g = _member(group, "reduce")
     root = _root(g, dst, "dst")
@@ -252,8 +255,9 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None, *, timeout: flo
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     """
     g = _member(group, "all_gather")
     inp = _tensors.as_array(tensor, arg="tensor", writable=False)
@@ -283,8 +287,9 @@ def all_gather_into_tensor(
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     """
     g = _member(group, "all_gather_into_tensor")
     inp = _tensors.as_array(input_tensor, arg="input_tensor", writable=False)
@@ -326,8 +331,9 @@ def gather(
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     """
     g = _member(group, "gather")
     root = _root(g, dst, "dst")
@@ -367,8 +373,9 @@ def scatter(
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     """
     g = _member(group, "scatter")
     root = _root(g, src, "src")
@@ -406,8 +413,9 @@ def reduce_scatter(
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     """
     g = _member(group, "reduce_scatter")
     out = _tensors.as_array(output, arg="output", writable=True)
@@ -439,8 +447,9 @@ def reduce_scatter_tensor(
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     """
     g = _member(group, "reduce_scatter_tensor")
     out = _tensors.as_array(output, arg="output", writable=True)
@@ -479,8 +488,9 @@ def all_to_all(
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     """
     g = _member(group, "all_to_all")
     ins = _tensor_list(
@@ -576,8 +586,9 @@ def all_to_all_single(
             called different operations or with different sizes, dtypes or roots.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded). A lost member breaks
-    every group holding it: destroy_process_group, then init again.
+    the group goes on (stale messages of the operation are discarded), unless the ranks
+    disagree about which operations ran: then it is out of step until ``resync``. A lost member
+    breaks every group holding it: destroy_process_group, then init again.
     """
     g = _member(group, "all_to_all_single")
     out = _tensors.as_array(output, arg="output", writable=True)

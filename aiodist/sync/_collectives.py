@@ -70,8 +70,9 @@ def broadcast(
             With ``async_op=True`` these are raised by the Work's ``wait()``.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
-    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    group goes on, unless the ranks disagree about which operations ran (then it is out of step
+    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
+    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
     warning, and None is returned.
     """
     return run_op("broadcast", lambda t: _c.broadcast(t, resolved(src), group), async_op, tensor)  # type: ignore[no-any-return]
@@ -97,8 +98,9 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
             With ``async_op=True`` these are raised by the Work's ``wait()``.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
-    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    group goes on, unless the ranks disagree about which operations ran (then it is out of step
+    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
+    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
     warning, and None is returned.
     """
     if op is not ReduceOp.SUM:
@@ -139,8 +141,9 @@ def reduce(
             With ``async_op=True`` these are raised by the Work's ``wait()``.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
-    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    group goes on, unless the ranks disagree about which operations ran (then it is out of step
+    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
+    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
     warning, and None is returned.
     """
     return run_op("reduce", lambda t: _c.reduce(t, resolved(dst), op, group), async_op, tensor)  # type: ignore[no-any-return]
@@ -166,8 +169,9 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool 
             With ``async_op=True`` these are raised by the Work's ``wait()``.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
-    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    group goes on, unless the ranks disagree about which operations ran (then it is out of step
+    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
+    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
     warning, and None is returned.
     """
     return run_out_in("all_gather", lambda o, i: _c.all_gather(o, i, group), async_op, tensor_list, tensor)
@@ -195,8 +199,9 @@ def all_gather_into_tensor(
             With ``async_op=True`` these are raised by the Work's ``wait()``.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
-    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    group goes on, unless the ranks disagree about which operations ran (then it is out of step
+    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
+    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
     warning, and None is returned.
     """
     return run_out_in(
@@ -240,8 +245,9 @@ def gather(
             With ``async_op=True`` these are raised by the Work's ``wait()``.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
-    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    group goes on, unless the ranks disagree about which operations ran (then it is out of step
+    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
+    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
     warning, and None is returned.
     """
     return run_op(  # type: ignore[no-any-return]
@@ -277,8 +283,9 @@ def scatter(
             With ``async_op=True`` these are raised by the Work's ``wait()``.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
-    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    group goes on, unless the ranks disagree about which operations ran (then it is out of step
+    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
+    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
     warning, and None is returned.
     """
     return run_out_in(
@@ -309,8 +316,9 @@ def reduce_scatter(
             With ``async_op=True`` these are raised by the Work's ``wait()``.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
-    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    group goes on, unless the ranks disagree about which operations ran (then it is out of step
+    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
+    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
     warning, and None is returned.
     """
     return run_out_in(
@@ -341,8 +349,9 @@ def reduce_scatter_tensor(
             With ``async_op=True`` these are raised by the Work's ``wait()``.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
-    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    group goes on, unless the ranks disagree about which operations ran (then it is out of step
+    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
+    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
     warning, and None is returned.
     """
     return run_out_in(
@@ -380,8 +389,9 @@ def all_to_all(
             With ``async_op=True`` these are raised by the Work's ``wait()``.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
-    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    group goes on, unless the ranks disagree about which operations ran (then it is out of step
+    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
+    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
     warning, and None is returned.
     """
     return run_out_in(
@@ -419,8 +429,9 @@ def all_to_all_single(
             With ``async_op=True`` these are raised by the Work's ``wait()``.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
-    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    group goes on, unless the ranks disagree about which operations ran (then it is out of step
+    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
+    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
     warning, and None is returned.
     """
     return run_out_in(
@@ -461,8 +472,9 @@ def broadcast_object_list(
             Objects are pickled: receive them only from ranks you trust.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
-    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    group goes on, unless the ranks disagree about which operations ran (then it is out of step
+    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
+    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
     warning, and None is returned.
     """
     call(lambda: _o.broadcast_object_list(object_list, resolved(src), group), False)
@@ -487,8 +499,9 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
             Objects are pickled: receive them only from ranks you trust.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
-    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    group goes on, unless the ranks disagree about which operations ran (then it is out of step
+    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
+    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
     warning, and None is returned.
     """
     call(lambda: _o.all_gather_object(object_list, obj, group), False)
@@ -520,8 +533,9 @@ def gather_object(
             Objects are pickled: receive them only from ranks you trust.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
-    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    group goes on, unless the ranks disagree about which operations ran (then it is out of step
+    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
+    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
     warning, and None is returned.
     """
     call(lambda: _o.gather_object(obj, object_gather_list, resolved(dst), group), False)
@@ -554,8 +568,9 @@ def scatter_object_list(
             Objects are pickled: receive them only from ranks you trust.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
-    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    group goes on, unless the ranks disagree about which operations ran (then it is out of step
+    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
+    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
     warning, and None is returned.
     """
     call(
@@ -594,8 +609,9 @@ def send_object_list(
             Objects are pickled: receive them only from ranks you trust.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
-    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    group goes on, unless the ranks disagree about which operations ran (then it is out of step
+    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
+    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
     warning, and None is returned.
     """
     call(lambda: _o.send_object_list(object_list, resolved(dst), group), False)
@@ -629,8 +645,9 @@ def recv_object_list(
             Objects are pickled: receive them only from ranks you trust.
 
     A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on. A lost member breaks every group holding it (destroy_process_group, then init
-    again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
+    group goes on, unless the ranks disagree about which operations ran (then it is out of step
+    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
+    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
     warning, and -1 is returned.
     """
     return int(call(lambda: _o.recv_object_list(object_list, src, group), False))
