@@ -588,12 +588,7 @@ def isend(
     and None is returned.
     """
     start = functools.partial(_p2p.isend, dst=resolved(dst), group=group, tag=tag)
-    if profiling():
-        return run_op("send", start, True, tensor)  # type: ignore[no-any-return]
-    try:
-        return start_p2p(start, "send", tensor, dst, group, tag)
-    except NotContiguousError:
-        return run_op("send", start, True, tensor)  # type: ignore[no-any-return]
+    return _start_nonblocking("send", "send", start, tensor, dst, group, tag)
 
 
 @torch_op(root="src", root_default=ANY)
@@ -622,12 +617,23 @@ def irecv(
     """
     start = functools.partial(_p2p.irecv, src=src, group=group, tag=tag)
     name = "recvAnySource" if src is None else "recv"  # gloo's record names
+    return _start_nonblocking(name, "recv", start, tensor, src, group, tag)
+
+
+def _start_nonblocking(
+    record: str, what: str, start: Any, tensor: Any, peer: Any, group: Any, tag: int
+) -> Work:
+    """Post a non-blocking send (``what="send"``) or receive without a round trip to the loop.
+
+    Under torch's profiler, or for a non-contiguous tensor (copied in and out), it takes
+    ``run_op``'s path instead, which records the operation as gloo names it (``record``).
+    """
     if profiling():
-        return run_op(name, start, True, tensor)  # type: ignore[no-any-return]
+        return run_op(record, start, True, tensor)  # type: ignore[no-any-return]
     try:
-        return start_p2p(start, "recv", tensor, src, group, tag)
+        return start_p2p(start, what, tensor, peer, group, tag)
     except NotContiguousError:
-        return run_op(name, start, True, tensor)  # type: ignore[no-any-return]
+        return run_op(record, start, True, tensor)  # type: ignore[no-any-return]
 
 
 #: torch's ``P2POp(op, tensor, peer=None, group=None, tag=0, group_peer=None)``.

@@ -282,37 +282,27 @@ class Adapter:
     def reduce_scatter(
         self, work: Any, outputs: list[Any], inputs: list[list[Any]], op: int, timeout_ms: int
     ) -> Refusal:
-        g, t = self.group, _timeout(timeout_ms)
-        try:
-            rop = _reduce_op(op)
-        except ValueError as exc:
-            return error_kind(exc)
-        if len(outputs) != len(inputs):
-            return _VALUE, f"reduce_scatter: {len(outputs)} outputs for {len(inputs)} input lists"
-        return self._start(
-            work,
-            [
-                functools.partial(_collectives.reduce_scatter, o, i, rop, g, timeout=t)
-                for o, i in zip(outputs, inputs, strict=True)
-            ],
-        )
+        return self._reduce_scatter(work, _collectives.reduce_scatter, outputs, inputs, op, timeout_ms)
 
     def reduce_scatter_tensor(
         self, work: Any, outputs: list[Any], inputs: list[Any], op: int, timeout_ms: int
     ) -> Refusal:
+        return self._reduce_scatter(work, _collectives.reduce_scatter_tensor, outputs, inputs, op, timeout_ms)
+
+    def _reduce_scatter(
+        self, work: Any, run: Any, outputs: list[Any], inputs: list[Any], op: int, timeout_ms: int
+    ) -> Refusal:
+        """One ``run(output, input, op, group)`` per output; ``inputs[i]`` is a list or a tensor."""
         g, t = self.group, _timeout(timeout_ms)
         try:
             rop = _reduce_op(op)
         except ValueError as exc:
             return error_kind(exc)
         if len(outputs) != len(inputs):
-            return _VALUE, f"reduce_scatter_tensor: {len(outputs)} outputs for {len(inputs)} inputs"
+            return _VALUE, f"{run.__name__}: {len(outputs)} outputs for {len(inputs)} inputs"
         return self._start(
             work,
-            [
-                functools.partial(_collectives.reduce_scatter_tensor, o, i, rop, g, timeout=t)
-                for o, i in zip(outputs, inputs, strict=True)
-            ],
+            [functools.partial(run, o, i, rop, g, timeout=t) for o, i in zip(outputs, inputs, strict=True)],
         )
 
     def alltoall_base(
