@@ -37,6 +37,7 @@ from aiodist.store.memory import KeyTable
 from aiodist.wire.frames import FrameReader, Limits, ProtocolError, encode_frame
 from aiodist.wire.handshake import (
     AuthError,
+    Refusal,
     accept_hello,
     handshake_timeout_from_env,
     make_challenge,
@@ -457,7 +458,7 @@ class StoreServer:
         try:
             hello = accept_hello(challenge, frames[0], JOB, self._secret)
         except AuthError as exc:
-            conn.send(["refused", f"authentication failed: {str(exc)[:200]}"])
+            conn.send(Refusal(f"authentication failed: {str(exc)[:200]}").pack())
             # (rate-limited apart from garbage: a refused secret must not hide behind noise)
             self._warner.warn(f"{conn.host} auth", "store server refused %s: %s", conn.addr, exc)
             return False
