@@ -158,3 +158,44 @@ def test_compare_and_transport_lists_are_checked() -> None:
     for bad in (["--compare", "nccl"], ["--aiodist-transports", "rdma"]):
         with pytest.raises(SystemExit):
             parse(bad)
+
+
+def _row(op: str, nbytes: int, seconds: dict[str, float]) -> dict[str, object]:
+    from aiodist.bench import report
+
+    reports = [{name: ([t, t, t], 0) for name, t in seconds.items()} for _ in range(2)]
+    return report.aggregate(op, nbytes, nbytes // 4, 2, reports)
+
+
+def test_targets_print_held_and_not_held_with_their_figures() -> None:
+    from aiodist.bench import report
+
+    big = 64 << 20
+    # broadcast at 10 GB/s (target 8: held), all_reduce at 2 GB/s (target 3: not held), gloo 4x
+    # slower than aiodist's broadcast, MPI twice as fast as aiodist's all_reduce.
+    rows = [
+        _row("broadcast", big, {"aiodist": big / 10e9, "gloo": 4 * big / 10e9, "mpi": big / 12e9}),
+        _row("all_reduce", big, {"aiodist": big / 2e9, "gloo": big / 1e9, "mpi": big / 4e9}),
+    ]
+    job = {"face": "async", "nprocs": 2, "aiodist": "aiodist", "compare": "gloo", "rows": rows}
+    verdicts = {v["target"]: v for v in report.targets([job])}
+    bcast = verdicts["broadcast 64 MiB: algbw >= 8.0 GB/s"]
+    assert bcast["holds"] is True and bcast["figures"].startswith("10.00 GB/s (gloo 2.50, mpi 12.00)")
+    ar = verdicts["all_reduce 64 MiB: algbw >= 3.0 GB/s"]
+    assert ar["holds"] is False and ar["measured"] == pytest.approx(2.0)
+    assert verdicts["all_reduce 64 MiB: algbw >= 2.5 x gloo"]["holds"] is False
+    vs_mpi = verdicts["every op >= 1 MiB: algbw >= 0.6 x mpi"]
+    assert vs_mpi["holds"] is False and vs_mpi["measured"] == pytest.approx(0.5)
+    assert "worst all_reduce 64 MiB: 2.00 vs 4.00 GB/s; 1 of 2 rows below" in vs_mpi["figures"]
+    text = report.format_targets(list(verdicts.values()))
+    assert "holds: 10.00 GB/s" in text and "NOT HELD: worst all_reduce 64 MiB" in text
+
+    # Without MPI in the run, its target is not judged, and says why.
+    for r in rows:
+        del r["impls"]["mpi"], r["vs_mpi"]
+    job["mpi_error"] = "mpi4py is not installed"
+    verdicts = {v["target"]: v for v in report.targets([job])}
+    missing = verdicts["every op >= 1 MiB: algbw >= 0.6 x mpi"]
+    assert missing["holds"] is None
+    assert missing["figures"] == "not judged: no mpi figures in this run (mpi4py is not installed)"
+    assert "not judged: no mpi figures" in report.format_targets([missing])
