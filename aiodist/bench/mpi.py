@@ -199,6 +199,9 @@ def _run(
         )
     try:
         _collect(cfg, proc, results, log, start_timeout, result, step)
+        # Every rank is done: let mpiexec finish (MPI_Finalize removes the shared segments).
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
     finally:
         _stop(proc)
     result["transport"] = f"pml ob1, btl sm (single copy: {_single_copy(log)})"
