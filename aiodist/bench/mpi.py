@@ -171,6 +171,8 @@ def run_mpi_job(
             _run(cfg, exe, tmp, start_timeout, result, step)
     except MpiUnavailable as exc:
         result["error"] = str(exc)
+    except (OSError, ValueError) as exc:  # the launcher could not be started; a garbled results line
+        result["error"] = f"the MPI peer failed: {exc.__class__.__name__}: {exc}"
     result["seconds"] = time.monotonic() - t0
     return result
 
