@@ -349,10 +349,9 @@ class ProcessGroup:
         try:
             result = await coro
             if op.key[1] == COLL:
-                late = self.transport.mailbox.finish(op.key)
+                late = self.transport.finish_collective(op.key)
                 if late is not None:
                     # Data no step of this operation received: the sender ran another one.
-                    self.transport._late_message(late[0], op.key, late[1])
                     raise CollectiveMismatchError(
                         f"{op.name} on rank {self.global_rank}: rank {late[0]} sent "
                         f"{describe_fingerprint(late[1])}, which no step of it received: the ranks "
@@ -366,7 +365,7 @@ class ProcessGroup:
             raise op.error from None
         except DistNetworkError as exc:
             self._abandon(op, exc)
-            if op.name in str(exc):
+            if exc is op.error:  # a member's notice about this operation: it names it already
                 if op.key[1] == COLL and self.broken is None:
                     self.broken = exc
                 raise
