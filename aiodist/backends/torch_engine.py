@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from aiodist import _tensors
+from aiodist.backends.base import Binding, TensorOps
 from aiodist.errors import (
     DistError,
     DistNetworkError,
@@ -55,7 +56,7 @@ from aiodist.store import Store
 from aiodist.store.blocking import StoreCalls
 from aiodist.work import Work
 
-__all__ = ["ENGINE_BACKENDS", "TorchEngine", "check_available", "start_engine", "torch_store"]
+__all__ = ["ENGINE_BACKENDS", "TorchBackend", "TorchEngine", "check_available", "start_engine", "torch_store"]
 
 #: aiodist backend name -> torch engine.
 ENGINE_BACKENDS = {"nccl": "nccl", "torch-gloo": "gloo"}
@@ -216,6 +217,50 @@ async def start_engine(
             f"rank {group.global_rank}: torch's {kind} engine for {group.name} could not start: {exc}"
         ) from exc
     return TorchEngine(backend, pg, group, device)
+
+
+class TorchBackend:
+    """A group's backend on torch's engine: given to the group at creation, connected by
+    ``connect`` (every member, at about the same time), then it runs whole operations.
+
+    Args:
+        backend: "nccl" or "torch-gloo".
+        store: the rendezvous store of this group's engine.
+        host: the address gloo listens on.
+        device: NCCL: the CUDA device of this rank.
+    """
+
+    def __init__(self, backend: str, store: Store, *, host: str, device: Any = None) -> None:
+        self.backend = backend
+        self._store = store
+        self._host = host
+        self._device = device
+        self.engine: TorchEngine | None = None
+
+    def __repr__(self) -> str:
+        return f"<TorchBackend {self.backend} {self.engine!r}>"
+
+    @property
+    def own_ops(self) -> TensorOps | None:
+        return self.engine
+
+    async def connect(self, group: ProcessGroup) -> None:
+        """Build torch's engine for ``group`` (a member's view; see ``start_engine``)."""
+        self.engine = await start_engine(
+            self.backend, self._store, group, timeout=group.timeout, host=self._host, device=self._device
+        )
+
+    def bind(self, group: ProcessGroup, what: str) -> Binding:
+        raise DistError(
+            f"{what} on rank {group.global_rank}: torch's engine of {group.name} is not connected"
+        )
+
+    def direct(self, obj: Any) -> bool:
+        return False
+
+    async def aclose(self) -> None:
+        if self.engine is not None:
+            await self.engine.aclose()
 
 
 # -- the adapter ------------------------------------------------------------------------------------
