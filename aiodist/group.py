@@ -1,4 +1,4 @@
-"""``ProcessGroup``: rank maps, operation keys, validation, timeouts and failure, dispatch.
+"""``ProcessGroup``: rank maps, the one way an operation runs, timeouts and failure.
 
 A group is a subset of the job's global ranks sharing one transport. Every collective takes
 the group's next sequence number, which becomes its message key on every rank (collectives

@@ -11,8 +11,8 @@ adapter (``TorchEngine``) is the same for both; everything else is aiodist's:
   call blocks on the store's coroutine running on the runtime loop; the engine is therefore
   built off the loop's thread (``asyncio.to_thread``), never on it.
 - groups and ranks: a group is an aiodist ``ProcessGroup`` (global ranks for ``src``/``dst``,
-  ``new_group``, non-members) whose ``engine`` runs its tensor operations (``_dispatch``
-  routes them). The group's aiodist transport, connected as for "tcp", still carries object
+  ``new_group``, non-members) whose backend (``TorchBackend``, given at its creation) runs its
+  tensor operations (``ProcessGroup`` hands them to ``own_ops``). The group's aiodist transport, connected as for "tcp", still carries object
   collectives, ``monitored_barrier`` and DDP's construction exchange, and watches the peers.
 - Work: each operation returns an aiodist ``Work`` on the runtime loop, completed from torch's
   future (``Future.then`` -> ``loop.call_soon_threadsafe``) or, where torch's work has no
@@ -285,9 +285,9 @@ def _wait_error(work: Any) -> BaseException | None:
 class TorchEngine:
     """Runs the tensor operations of one aiodist group on a torch process group.
 
-    Its methods have the signatures of the async face's operations (``aiodist.all_reduce``...);
-    ``aiodist.face.dispatch.routed`` calls them for groups whose ``engine`` is set. ``group``
-    arguments are ignored (the engine serves one group); ranks are global, as everywhere.
+    Its methods have the signatures of the async face's operations (``aiodist.all_reduce``...,
+    the ``TensorOps`` protocol); the ``ProcessGroup`` it serves calls them (``TorchBackend.own_ops``).
+    ``group`` arguments are ignored (the engine serves one group); ranks are global, as everywhere.
 
     Attributes:
         backend: "nccl" or "torch-gloo".
