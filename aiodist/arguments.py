@@ -14,8 +14,7 @@ each receive's exact byte check catches sizes that disagree.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from aiodist import _tensors
 from aiodist.backends.base import IN, INOUT, OUT, Binding, Op
@@ -43,13 +42,12 @@ __all__ = [
 Array = Any  # a flat numpy view
 
 
-@dataclass(frozen=True, slots=True)
-class Checked:
-    """A collective whose arguments passed: the ``Op`` and its fingerprint's dtype and count."""
+class Checked(NamedTuple):
+    """A collective whose arguments passed: the ``Op`` and its fingerprint's dtype and element count."""
 
     op: Op
     dtype: str
-    count: int
+    numel: int
 
 
 def _tensor_list(

@@ -549,20 +549,27 @@ class ProcessGroup:
         return Work(self.loop.create_task(checked()), name)
 
     def _tensor_collective(
-        self, name: str, timeout: float | None, check: Callable[[Binding], _args.Checked]
+        self,
+        name: str,
+        timeout: float | None,
+        check: Callable[..., _args.Checked],
+        *args: Any,
     ) -> Work:
-        """Check (``check``, with the backend's binding of the call), number, start on the backend."""
+        """Check (``check(self, binding, *args)``, with the backend's binding of the call),
+        number, start on the backend."""
         self.check_usable(name)
         b = self.runs_on.bind(self, name)
         try:
-            c = check(b)
+            c = check(self, b, *args)
             op = c.op
             root = self.ranks[op.root] if op.root >= 0 else -1
             redop = op.reduce_op.name if op.reduce_op is not None else None
-            ctx = self._number(name, dtype=c.dtype, count=c.count, root=root, redop=redop)
+            ctx = self._number(name, dtype=c.dtype, count=c.numel, root=root, redop=redop)
         except BaseException:
             b.drop()
             raise
+        if not detail_enabled():  # (the common path: no closure)
+            return b.start(ctx, op, timeout)
         return self._launch(ctx, lambda: b.start(ctx, op, timeout), timeout, b.drop)
 
     def run_collective(
@@ -612,33 +619,31 @@ class ProcessGroup:
         own = self.runs_on.own_ops
         if own is not None:
             return own.barrier(timeout=timeout)
-        return self._tensor_collective("barrier", timeout, lambda b: _BARRIER)
+        return self._tensor_collective("barrier", timeout, _barrier)
 
     def broadcast(self, tensor: Any, src: int, timeout: float | None = None) -> Work:
         own = self.runs_on.own_ops
         if own is not None:
             return own.broadcast(tensor, src, timeout=timeout)
-        return self._tensor_collective("broadcast", timeout, lambda b: _args.broadcast(self, b, tensor, src))
+        return self._tensor_collective("broadcast", timeout, _args.broadcast, tensor, src)
 
     def all_reduce(self, tensor: Any, op: Any = ReduceOp.SUM, timeout: float | None = None) -> Work:
         own = self.runs_on.own_ops
         if own is not None:
             return own.all_reduce(tensor, op, timeout=timeout)
-        return self._tensor_collective("all_reduce", timeout, lambda b: _args.all_reduce(self, b, tensor, op))
+        return self._tensor_collective("all_reduce", timeout, _args.all_reduce, tensor, op)
 
     def reduce(self, tensor: Any, dst: int, op: Any = ReduceOp.SUM, timeout: float | None = None) -> Work:
         own = self.runs_on.own_ops
         if own is not None:
             return own.reduce(tensor, dst, op, timeout=timeout)
-        return self._tensor_collective("reduce", timeout, lambda b: _args.reduce(self, b, tensor, dst, op))
+        return self._tensor_collective("reduce", timeout, _args.reduce, tensor, dst, op)
 
     def all_gather(self, tensor_list: Any, tensor: Any, timeout: float | None = None) -> Work:
         own = self.runs_on.own_ops
         if own is not None:
             return own.all_gather(tensor_list, tensor, timeout=timeout)
-        return self._tensor_collective(
-            "all_gather", timeout, lambda b: _args.all_gather(self, b, tensor_list, tensor)
-        )
+        return self._tensor_collective("all_gather", timeout, _args.all_gather, tensor_list, tensor)
 
     def all_gather_into_tensor(
         self, output_tensor: Any, input_tensor: Any, timeout: float | None = None
@@ -649,24 +654,22 @@ class ProcessGroup:
         return self._tensor_collective(
             "all_gather_into_tensor",
             timeout,
-            lambda b: _args.all_gather_into_tensor(self, b, output_tensor, input_tensor),
+            _args.all_gather_into_tensor,
+            output_tensor,
+            input_tensor,
         )
 
     def gather(self, tensor: Any, gather_list: Any, dst: int, timeout: float | None = None) -> Work:
         own = self.runs_on.own_ops
         if own is not None:
             return own.gather(tensor, gather_list, dst, timeout=timeout)
-        return self._tensor_collective(
-            "gather", timeout, lambda b: _args.gather(self, b, tensor, gather_list, dst)
-        )
+        return self._tensor_collective("gather", timeout, _args.gather, tensor, gather_list, dst)
 
     def scatter(self, tensor: Any, scatter_list: Any, src: int, timeout: float | None = None) -> Work:
         own = self.runs_on.own_ops
         if own is not None:
             return own.scatter(tensor, scatter_list, src, timeout=timeout)
-        return self._tensor_collective(
-            "scatter", timeout, lambda b: _args.scatter(self, b, tensor, scatter_list, src)
-        )
+        return self._tensor_collective("scatter", timeout, _args.scatter, tensor, scatter_list, src)
 
     def reduce_scatter(
         self, output: Any, input_list: Any, op: Any = ReduceOp.SUM, timeout: float | None = None
@@ -675,7 +678,7 @@ class ProcessGroup:
         if own is not None:
             return own.reduce_scatter(output, input_list, op, timeout=timeout)
         return self._tensor_collective(
-            "reduce_scatter", timeout, lambda b: _args.reduce_scatter(self, b, output, input_list, op)
+            "reduce_scatter", timeout, _args.reduce_scatter, output, input_list, op
         )
 
     def reduce_scatter_tensor(
@@ -687,7 +690,10 @@ class ProcessGroup:
         return self._tensor_collective(
             "reduce_scatter_tensor",
             timeout,
-            lambda b: _args.reduce_scatter_tensor(self, b, output, input, op),
+            _args.reduce_scatter_tensor,
+            output,
+            input,
+            op,
         )
 
     def all_to_all(
@@ -697,7 +703,7 @@ class ProcessGroup:
         if own is not None:
             return own.all_to_all(output_tensor_list, input_tensor_list, timeout=timeout)
         return self._tensor_collective(
-            "all_to_all", timeout, lambda b: _args.all_to_all(self, b, output_tensor_list, input_tensor_list)
+            "all_to_all", timeout, _args.all_to_all, output_tensor_list, input_tensor_list
         )
 
     def all_to_all_single(
@@ -716,11 +722,19 @@ class ProcessGroup:
         return self._tensor_collective(
             "all_to_all_single",
             timeout,
-            lambda b: _args.all_to_all_single(self, b, output, input, output_split_sizes, input_split_sizes),
+            _args.all_to_all_single,
+            output,
+            input,
+            output_split_sizes,
+            input_split_sizes,
         )
 
 
 _BARRIER = _args.Checked(Op("barrier"), "", 0)
+
+
+def _barrier(g: ProcessGroup, b: Binding) -> _args.Checked:
+    return _BARRIER
 
 
 async def _await(aw: Awaitable[Any]) -> Any:

@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 from aiodist.ops import ReduceOp
 from aiodist.work import Work
@@ -69,9 +68,8 @@ OpKind = Literal[
 Gate = Callable[[], Awaitable[None]]
 
 
-@dataclass(frozen=True, slots=True)
-class Op:
-    """A checked collective, as the group hands it to its backend.
+class Op(NamedTuple):
+    """A checked collective, as the group hands it to its backend (immutable data).
 
     Attributes:
         kind: which collective (``all_gather_into_tensor`` is an ``all_gather`` of the output's
