@@ -454,8 +454,8 @@ class ProcessGroup:
         peer, tag = self._p2p_args("send", dst, tag)
         assert peer is not None
         b = self.runs_on.bind(self, "send")
-        arr = b.tensor(tensor, arg="tensor", role=IN, writable=False)
         try:
+            arr = b.tensor(tensor, arg="tensor", role=IN, writable=False)
             b.ready_now()  # a staged input is in host memory before its bytes are queued
         except BaseException:
             b.drop()
@@ -478,7 +478,11 @@ class ProcessGroup:
             return own.recv(tensor, src, tag=tag, timeout=timeout)
         src, tag = self._p2p_args("recv", src, tag)
         b = self.runs_on.bind(self, "recv")
-        arr = b.tensor(tensor, arg="tensor", role=OUT, writable=True)
+        try:
+            arr = b.tensor(tensor, arg="tensor", role=OUT, writable=True)
+        except BaseException:
+            b.drop()
+            raise
         key = (self.gid, P2P, tag)
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
         name = f"recv from {'any rank' if src is None else f'rank {src}'} (tag {tag})"
