@@ -539,6 +539,19 @@ class Transport(ABC):
         self.dead_peers[peer] = exc
         self.mailbox.fail_peer(peer, exc)
 
+    def finish_collective(self, key: Key) -> tuple[int, Fingerprint | None] | None:
+        """The collective ``key`` completed on this rank: its later data is late.
+
+        Returns:
+            None, or (sender, fingerprint) of a message still held for it, which no step of
+            the operation received: the ranks disagreed about it. The sender has then been
+            told, and every group using the key has been failed (``LateMessageError``).
+        """
+        late = self.mailbox.finish(key)
+        if late is not None:
+            self._late_message(late[0], key, late[1])
+        return late
+
     def _late_message(self, src: int, key: Key, fp: Fingerprint | None) -> None:
         """``src`` sent data for a collective that already completed here: the ranks disagree
         about that operation (e.g. both believe they are its root). Whoever still runs it fails;
