@@ -58,7 +58,14 @@ gather, bytes per rank: binomial tree / direct::
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING
+
+from aiodist.errors import DistValueError
 from aiodist.runtime import host as _host
+
+if TYPE_CHECKING:
+    from aiodist.collectives.context import OpContext
 
 __all__ = [
     "ALLGATHER_RING_BYTES",
@@ -76,6 +83,10 @@ __all__ = [
     "allreduce_algorithm",
     "broadcast_algorithm",
     "gather_algorithm",
+    "HOST_ALGOS_ENV",
+    "DIRECT_ALLREDUCE_BYTES",
+    "DIRECT_DEPTH",
+    "host_algorithm",
     "offload_reduction",
     "reduce_algorithm",
     "reduce_scatter_algorithm",
@@ -144,3 +155,54 @@ def reduce_scatter_algorithm(block_bytes: int, size: int) -> str:
 
 def gather_algorithm(block_bytes: int, size: int) -> str:
     return "tree" if size >= TREE_GATHER_MIN_RANKS and block_bytes < TREE_GATHER_BYTES else "direct"
+
+
+# -- host-aware choices (aiodist.collectives.hostaware) -------------------------------------
+
+#: ``auto`` (the default): direct algorithms on a group whose ranks share one host and reach each
+#: other through shared memory, hierarchical ones on a group spread over hosts with several ranks
+#: on some host; ``flat``: neither; ``direct``: the direct algorithms on every group on one host,
+#: whatever carries its data (tests, measurements). Must be equal on all ranks.
+HOST_ALGOS_ENV = "AIODIST_HOST_ALGOS"
+_HOST_MODES = ("auto", "flat", "direct")
+#: all_reduce on one host: recursive doubling below, direct reduce-scatter + all-gather at and above
+#: (not measured over shared memory yet; as the ring's switch point over TCP).
+DIRECT_ALLREDUCE_BYTES = 1024 * 1024
+#: segments of the direct reductions in flight at once (each takes size - 1 segments of scratch).
+DIRECT_DEPTH = 2
+
+#: The host-aware operations: those with a direct (one host) and a hierarchical form.
+_DIRECT_OPS = frozenset({"all_reduce", "broadcast", "all_gather", "reduce_scatter"})
+_HIERARCHICAL_OPS = frozenset({"all_reduce", "broadcast", "all_gather", "reduce", "barrier"})
+
+
+def host_mode() -> str:
+    """``AIODIST_HOST_ALGOS``, checked (read at each call, like ``AIODIST_DEBUG``)."""
+    mode = os.environ.get(HOST_ALGOS_ENV, "").strip().lower() or "auto"
+    if mode not in _HOST_MODES:
+        raise DistValueError(f"{HOST_ALGOS_ENV}={mode!r}: use one of {', '.join(_HOST_MODES)}")
+    return mode
+
+
+def host_algorithm(op: str, nbytes: int, ctx: OpContext) -> str:
+    """``"direct"``, ``"hierarchical"`` or ``"flat"`` for operation ``op`` of ``nbytes`` on ``ctx``'s group.
+
+    Depends on the group's host map (equal on every rank), the operation and its size, and
+    ``AIODIST_HOST_ALGOS`` (equal on every rank, like every setting of the job). Automatic
+    direct choices also ask the transport whether it reaches every member through shared
+    memory: a transport that reports it must make that a fact of the job (the same pairs on
+    both ends), or ranks would choose differently.
+    """
+    hosts = ctx.hosts
+    if hosts is None or ctx.size == 1:
+        return "flat"
+    mode = host_mode()
+    if mode == "flat":
+        return "flat"
+    if hosts.layered:
+        return "hierarchical" if op in _HIERARCHICAL_OPS else "flat"
+    if not hosts.one_host or op not in _DIRECT_OPS:
+        return "flat"
+    if op == "all_reduce" and nbytes < DIRECT_ALLREDUCE_BYTES:
+        return "flat"
+    return "direct" if mode == "direct" or ctx.shares_memory() else "flat"

@@ -465,6 +465,9 @@ class Transport(ABC):
         self.goodbye: Goodbye | None = None
         # Per group id: the group's handler of control messages (state queries, resync).
         self._control_handlers: dict[int, ControlHandler] = {}
+        # Every global rank's host key, equal on every rank (the mesh sets it at rendezvous;
+        # None: unknown). Host-aware collectives choose their algorithms from it.
+        self.host_keys: tuple[str, ...] | None = None
 
     # -- the data path -----------------------------------------------------------------
     @abstractmethod
@@ -628,6 +631,10 @@ class Transport(ABC):
     @abstractmethod
     def abort(self) -> None:
         """Close every connection at once."""
+
+    def local_peers(self) -> frozenset[int]:
+        """The peers whose data this transport moves through shared memory (none here)."""
+        return frozenset()
 
     def peers(self) -> Sequence[int]:
         return [r for r in range(self.world_size) if r != self.rank]

@@ -12,6 +12,8 @@ The store protocol (all keys under the job's prefix)::
     job                   a random id set by rank 0; part of every peer handshake, so a
                           connection from another job (or an earlier init) is refused
     addr/<rank>           host:port where <rank> accepts peers
+    hosts                 every rank's host key (JSON list, from the claimants' identities), set by
+                          rank 0 once it is connected with every rank: the one host map all ranks use
 
 Which prefix an init uses in the store (``namespace``)::
 
@@ -39,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from aiodist.errors import DistError, DistStoreError, DistTimeoutError, DistValueError, name_ranks
+from aiodist.runtime import host as _host
 from aiodist.runtime.progress import every
 from aiodist.store import Store
 from aiodist.store.base import StoreShutDownError
@@ -69,6 +72,7 @@ class Identity:
     node: int | None = None  # GROUP_RANK (the launcher's node rank)
     local_rank: int | None = None
     local_world_size: int | None = None  # the launcher's processes per node
+    host_key: str = ""  # equal for exactly the processes of one host (runtime.host.host_key)
 
     @classmethod
     def here(cls, rank: int, world_size: int) -> Identity:
@@ -80,6 +84,7 @@ class Identity:
             _env_int("GROUP_RANK"),
             _env_int("LOCAL_RANK"),
             _env_int("LOCAL_WORLD_SIZE"),
+            _host.host_key(),
         )
 
     def encode(self) -> str:
@@ -393,6 +398,7 @@ async def _connect_mesh(
                 host,
                 port,
             )
+            transport.host_keys = await _agree_hosts(store, rank, world_size, deadline, seen)
         except DistTimeoutError:
             raise _missing_error(seen, world_size, deadline) from None
         except DistStoreError as exc:
@@ -413,6 +419,31 @@ async def _connect_mesh(
     except BaseException:
         transport.abort()
         raise
+
+
+async def _agree_hosts(
+    store: Store, rank: int, world_size: int, deadline: _Deadline, seen: _Seen
+) -> tuple[str, ...]:
+    """Every rank's host key, the same tuple on every rank (host-aware collectives rely on that).
+
+    Rank 0, connected with every rank (so every rank has published its identity), reads the
+    identities once and publishes the list; the others read that one key: O(world size) store
+    requests in all, whatever the world size.
+    """
+    if rank == 0:
+        raws = await store.multi_get([f"claimant/{r}/1" for r in range(world_size)])
+        keys = []
+        for r, raw in enumerate(raws):
+            ident = Identity.decode(raw)
+            # A rank of an older version says no host key: it counts as a host of its own.
+            keys.append(ident.host_key if ident is not None and ident.host_key else f"rank:{r}")
+        await store.set("hosts", json.dumps(keys))
+    else:
+        await _wait(store, ["hosts"], deadline, "rank 0 did not publish the host map", seen)
+    keys = json.loads(await store.get("hosts"))
+    if not isinstance(keys, list) or len(keys) != world_size:
+        raise DistValueError(f"rendezvous failed: rank 0 published a host map of {len(keys)} ranks")
+    return tuple(str(k) for k in keys)
 
 
 async def _connect_lower(
