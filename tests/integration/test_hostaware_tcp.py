@@ -1,0 +1,91 @@
+"""Host-aware collectives over real processes: ranks told they run on different hosts.
+
+Each rank sets ``AIODIST_HOST_ID`` before it joins (two "hosts" of two ranks, or 3 + 1), so the
+rendezvous agrees on a host map with several hosts and the hierarchical algorithms run over
+loopback TCP; the every-operation suite checks every result, and the ``aiodist`` logger's DEBUG
+records show which path each operation took. On one host with ``AIODIST_HOST_ALGOS=direct`` the
+one-host direct algorithms run over TCP the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Any
+
+import pytest
+from support.suite import async_suite, check_async_suite
+
+from aiodist.testing import spawn
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class _Paths(logging.Handler):
+    """Collects "op how" from the host-aware algorithms' DEBUG notes."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.seen: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        m = re.search(r": (\w+) #\d+ (direct|hierarchical) ", record.getMessage())
+        if m:
+            self.seen.add(f"{m.group(1)} {m.group(2)}")
+
+
+async def _suite_on_hosts(rank: int, size: int, hosts: list[str], mode: str) -> dict[str, Any]:
+    os.environ["AIODIST_HOST_ID"] = hosts[rank]
+    os.environ["AIODIST_HOST_ALGOS"] = mode
+    paths = _Paths()
+    logger = logging.getLogger("aiodist")
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(paths)
+    import aiodist as dist
+    from aiodist.face import world as _world
+
+    keys: list[str] = []
+    orig_destroy = dist.destroy_process_group
+
+    async def destroy(*args: Any, **kwargs: Any) -> None:
+        keys.extend(_world.world().transport.host_keys or ())  # the map the rendezvous agreed on
+        await orig_destroy(*args, **kwargs)
+
+    dist.destroy_process_group = destroy  # type: ignore[assignment]
+    try:
+        res = await async_suite(rank, size, "tcp", ("numpy",))
+    finally:
+        dist.destroy_process_group = orig_destroy  # type: ignore[assignment]
+        logger.removeHandler(paths)
+    res["paths"] = sorted(paths.seen)
+    res["host_keys"] = keys
+    return res
+
+
+@pytest.mark.parametrize("hosts", [["h0", "h0", "h1", "h1"], ["a", "a", "a", "b"]], ids=["2x2", "3+1"])
+def test_every_operation_on_two_hosts_runs_hierarchical(hosts: list[str]) -> None:
+    n = len(hosts)
+    res = spawn(_suite_on_hosts, n, args=(hosts, "auto"), timeout=170)
+    check_async_suite(res, n, ("numpy",))
+    for out in res:
+        assert out["host_keys"] == [f"id:{h}" for h in hosts]
+        for op in ("all_reduce", "broadcast", "reduce", "all_gather", "barrier"):
+            assert f"{op} hierarchical" in out["paths"], (op, out["paths"])
+        assert not any(p.endswith(" direct") for p in out["paths"])  # no shared memory over TCP
+
+
+def test_every_operation_on_one_host_with_direct_algorithms() -> None:
+    n = 3
+    res = spawn(_suite_on_hosts, n, args=(["h"] * n, "direct"), timeout=170)
+    check_async_suite(res, n, ("numpy",))
+    for out in res:
+        for op in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
+            assert f"{op} direct" in out["paths"], (op, out["paths"])
+        assert not any(p.endswith(" hierarchical") for p in out["paths"])
+
+
+def test_one_host_without_shared_memory_stays_flat() -> None:
+    res = spawn(_suite_on_hosts, 2, args=(["h", "h"], "auto"), timeout=170)
+    check_async_suite(res, 2, ("numpy",))
+    assert all(out["paths"] == [] for out in res)
