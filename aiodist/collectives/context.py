@@ -60,9 +60,10 @@ class OpContext:
 
     # -- host facts (aiodist.collectives.hostaware) ----------------------------------------
     def shares_memory(self) -> bool:
-        """The transport reaches every other member of the group through shared memory."""
-        local = self.transport.local_peers()
-        return all(g in local for i, g in enumerate(self.ranks) if i != self.rank)
+        """Every member reaches every other member of its host through shared memory (from the
+        facts the ranks agreed on at rendezvous, so every member answers the same)."""
+        shm = self.transport.shm_local
+        return shm is not None and all(shm[g] for g in self.ranks)
 
     def sub(self, members: Sequence[int]) -> OpContext:
         """The same operation among group ranks ``members`` only (this rank must be one of them).

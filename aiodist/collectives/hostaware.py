@@ -4,8 +4,9 @@ The flat dispatchers (``allreduce.allreduce``, ``broadcast.broadcast``, ...) han
 here when ``select.host_algorithm`` says its group's layout over hosts calls for the direct
 (one host, ``aiodist.collectives.direct``) or the hierarchical (several hosts,
 ``aiodist.collectives.hierarchical``) form. Each choice is logged at DEBUG level on the
-``aiodist`` logger ("rank 2: all_reduce #7 hierarchical over 2 hosts"), which is how one
-sees which path a job took.
+``aiodist`` logger, the phases of a hierarchical operation too ("rank 2: all_reduce #7:
+all_reduce hierarchical over 2 hosts (4 ranks)", then "rank 2: all_reduce #7: broadcast direct
+on one host (2 ranks)"), which is how one sees which path a job took.
 """
 
 from __future__ import annotations
@@ -23,19 +24,19 @@ __all__ = ["allgather", "allreduce", "barrier", "broadcast", "reduce", "reduce_s
 log = logging.getLogger("aiodist")
 
 
-def _note(ctx: OpContext, how: str) -> None:
+def _note(ctx: OpContext, what: str, how: str) -> None:
     if log.isEnabledFor(logging.DEBUG):
         fp = ctx.fp or ["collective", "?"]
         hosts = ctx.hosts.n_hosts if ctx.hosts is not None else 1
         where = "on one host" if hosts == 1 else f"over {hosts} hosts"
         log.debug(
-            "aiodist: rank %d: %s #%s %s %s (%d ranks)",
-            ctx.ranks[ctx.rank], fp[0], fp[1], how, where, ctx.size,
+            "aiodist: rank %d: %s #%s: %s %s %s (%d ranks)",
+            ctx.ranks[ctx.rank], fp[0], fp[1], what, how, where, ctx.size,
         )  # fmt: skip
 
 
 async def allreduce(ctx: OpContext, arr: Array, op: ReduceOp, how: str) -> None:
-    _note(ctx, how)
+    _note(ctx, "all_reduce", how)
     if how == "direct":
         await direct.direct_allreduce(ctx, arr, op)
     else:
@@ -43,7 +44,7 @@ async def allreduce(ctx: OpContext, arr: Array, op: ReduceOp, how: str) -> None:
 
 
 async def broadcast(ctx: OpContext, arr: Array, root: int, how: str) -> None:
-    _note(ctx, how)
+    _note(ctx, "broadcast", how)
     if how == "direct":
         await direct.direct_broadcast(ctx, arr, root)
     else:
@@ -51,7 +52,7 @@ async def broadcast(ctx: OpContext, arr: Array, root: int, how: str) -> None:
 
 
 async def allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array, how: str) -> None:
-    _note(ctx, how)
+    _note(ctx, "all_gather", how)
     if how == "direct":
         await direct.direct_allgather(ctx, blocks, inp)
     else:
@@ -59,15 +60,15 @@ async def allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array, how: st
 
 
 async def reduce_scatter(ctx: OpContext, out: Array, blocks: Sequence[Array], op: ReduceOp, how: str) -> None:
-    _note(ctx, how)
+    _note(ctx, "reduce_scatter", how)
     await direct.direct_reduce_scatter(ctx, out, blocks, op)  # (no hierarchical form: flat across hosts)
 
 
 async def reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int, how: str) -> None:
-    _note(ctx, how)
+    _note(ctx, "reduce", how)
     await hierarchical.hierarchical_reduce(ctx, arr, op, root)
 
 
 async def barrier(ctx: OpContext, how: str) -> None:
-    _note(ctx, how)
+    _note(ctx, "barrier", how)
     await hierarchical.hierarchical_barrier(ctx)

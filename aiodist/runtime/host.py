@@ -1,4 +1,4 @@
-"""What this host offers the ranks running on it: cores, how many ranks share them, and which host it is."""
+"""What this host offers the ranks running on it: cores, and how many ranks share them."""
 
 from __future__ import annotations
 
@@ -6,10 +6,7 @@ import functools
 import os
 import socket
 
-__all__ = ["HOST_ID_ENV", "cores", "has_core_per_rank", "has_spare_core", "host_key", "local_ranks"]
-
-#: Set per rank to make it count as being on another host (tests of the multi-host paths on one machine).
-HOST_ID_ENV = "AIODIST_HOST_ID"
+__all__ = ["cores", "has_core_per_rank", "has_spare_core", "host_id", "local_ranks"]
 
 
 @functools.cache
@@ -43,19 +40,20 @@ def has_spare_core() -> bool:
     return cores() > local_ranks()
 
 
-def host_key() -> str:
-    """Which machine this process runs on, as a string equal for exactly the processes of one host.
+def host_id() -> str:
+    """Which machine this process runs on, for telling ranks of one host from others.
 
-    ``AIODIST_HOST_ID`` when set (a rank given another value counts as being on another host),
-    else the host name and the kernel's boot id: two containers or machines that share a host
-    name still differ by boot id, and a reboot makes a new key. Read at each call.
+    ``AIODIST_HOST_ID`` when set (a test can place ranks of one machine on "different hosts"
+    with it), else the host name and the kernel's boot id (two containers with one host name
+    and separate kernels, or a reused name after a reboot, differ). Ranks with equal ids still
+    prove they share memory before they use it.
     """
-    forced = os.environ.get(HOST_ID_ENV, "").strip()
+    forced = os.environ.get("AIODIST_HOST_ID", "").strip()
     if forced:
-        return f"id:{forced}"
+        return forced
     try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+        with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
-    except OSError:  # not Linux: the host name alone
+    except OSError:
         boot = ""
-    return f"{socket.gethostname()}/{boot}"
+    return f"{socket.gethostname()}/{boot}" if boot else socket.gethostname()

@@ -15,19 +15,26 @@ T = TypeVar("T")
 
 
 def memory_world(
-    world_size: int, timeout: float = 30.0, hosts: Sequence[str] | None = None
+    world_size: int,
+    timeout: float = 30.0,
+    hosts: Sequence[str] | None = None,
+    shared_memory: bool = False,
 ) -> tuple[MemoryFabric, list[ProcessGroup]]:
     """A fabric and one default group per rank (call from inside a running loop).
 
-    ``hosts``: each rank's host key, as if the ranks ran on those hosts (the host-aware
-    collectives plan with them); None: no host facts, as before.
+    ``hosts``: each rank's host id, as if the ranks ran on those hosts (the host-aware
+    collectives plan with them); None: no host facts, as before. ``shared_memory``: say that
+    ranks of one host reach each other through shared memory (the automatic choice of the
+    one-host direct algorithms then runs them).
     """
     fabric = MemoryFabric(world_size)
     if hosts is not None:
         if len(hosts) != world_size:
             raise ValueError(f"hosts names {len(hosts)} ranks, the world has {world_size}")
+        shm = tuple(shared_memory and sum(h == k for k in hosts) > 1 for h in hosts)
         for t in fabric.transports:
             t.host_keys = tuple(hosts)
+            t.shm_local = shm
     groups = [ProcessGroup(t, range(world_size), 0, timeout=timeout) for t in fabric.transports]
     return fabric, groups
 
@@ -37,10 +44,11 @@ async def run_memory_world(
     fn: Callable[[ProcessGroup], Awaitable[T]],
     timeout: float = 30.0,
     hosts: Sequence[str] | None = None,
+    shared_memory: bool = False,
 ) -> list[T]:
-    """Run ``fn(group)`` for every rank concurrently; results in rank order (``hosts``: see
-    ``memory_world``)."""
-    fabric, groups = memory_world(world_size, timeout, hosts)
+    """Run ``fn(group)`` for every rank concurrently; results in rank order (``hosts``,
+    ``shared_memory``: see ``memory_world``)."""
+    fabric, groups = memory_world(world_size, timeout, hosts, shared_memory)
     try:
         return list(await asyncio.wait_for(asyncio.gather(*(fn(g) for g in groups)), timeout))
     finally:

@@ -465,9 +465,11 @@ class Transport(ABC):
         self.goodbye: Goodbye | None = None
         # Per group id: the group's handler of control messages (state queries, resync).
         self._control_handlers: dict[int, ControlHandler] = {}
-        # Every global rank's host key, equal on every rank (the mesh sets it at rendezvous;
-        # None: unknown). Host-aware collectives choose their algorithms from it.
+        # Every global rank's host id, and whether it reaches every other rank of its host
+        # through shared memory: equal on every rank (the mesh agrees on them at rendezvous;
+        # None: unknown). Host-aware collectives choose their algorithms from them.
         self.host_keys: tuple[str, ...] | None = None
+        self.shm_local: tuple[bool, ...] | None = None
 
     # -- the data path -----------------------------------------------------------------
     @abstractmethod
@@ -632,9 +634,18 @@ class Transport(ABC):
     def abort(self) -> None:
         """Close every connection at once."""
 
-    def local_peers(self) -> frozenset[int]:
-        """The peers whose data this transport moves through shared memory (none here)."""
-        return frozenset()
-
     def peers(self) -> Sequence[int]:
         return [r for r in range(self.world_size) if r != self.rank]
+
+    # -- where the peers are (for host-aware algorithms) ---------------------------------
+    def local_peers(self) -> list[int]:
+        """Peers whose data messages travel through shared memory with this rank (both ways)."""
+        return []
+
+    def shares_memory_with(self, peer: int) -> bool:
+        """Whether data messages with ``peer`` travel through shared memory (both ways)."""
+        return peer in self.local_peers()
+
+    def host_of(self, peer: int) -> str | None:
+        """``peer``'s host identity (``aiodist.runtime.host.host_id`` there), if known."""
+        return None

@@ -12,8 +12,10 @@ The store protocol (all keys under the job's prefix)::
     job                   a random id set by rank 0; part of every peer handshake, so a
                           connection from another job (or an earlier init) is refused
     addr/<rank>           host:port where <rank> accepts peers
-    hosts                 every rank's host key (JSON list, from the claimants' identities), set by
-                          rank 0 once it is connected with every rank: the one host map all ranks use
+    local/<rank>          the peers <rank> reaches through shared memory, set once it is connected
+    hosts                 every rank's host id (from the claimants' identities) and whether it reaches
+                          every other rank of its host through shared memory (JSON), set by rank 0
+                          from the keys above: the one host map all ranks use
 
 Which prefix an init uses in the store (``namespace``)::
 
@@ -72,7 +74,7 @@ class Identity:
     node: int | None = None  # GROUP_RANK (the launcher's node rank)
     local_rank: int | None = None
     local_world_size: int | None = None  # the launcher's processes per node
-    host_key: str = ""  # equal for exactly the processes of one host (runtime.host.host_key)
+    host_id: str = ""  # equal for exactly the processes of one host (runtime.host.host_id)
 
     @classmethod
     def here(cls, rank: int, world_size: int) -> Identity:
@@ -84,7 +86,7 @@ class Identity:
             _env_int("GROUP_RANK"),
             _env_int("LOCAL_RANK"),
             _env_int("LOCAL_WORLD_SIZE"),
-            _host.host_key(),
+            _host.host_id(),
         )
 
     def encode(self) -> str:
@@ -398,7 +400,7 @@ async def _connect_mesh(
                 host,
                 port,
             )
-            transport.host_keys = await _agree_hosts(store, rank, world_size, deadline, seen)
+            await _agree_hosts(store, transport, deadline, seen)
         except DistTimeoutError:
             raise _missing_error(seen, world_size, deadline) from None
         except DistStoreError as exc:
@@ -421,29 +423,40 @@ async def _connect_mesh(
         raise
 
 
-async def _agree_hosts(
-    store: Store, rank: int, world_size: int, deadline: _Deadline, seen: _Seen
-) -> tuple[str, ...]:
-    """Every rank's host key, the same tuple on every rank (host-aware collectives rely on that).
+async def _agree_hosts(store: Store, transport: TcpTransport, deadline: _Deadline, seen: _Seen) -> None:
+    """Set ``transport.host_keys`` and ``transport.shm_local``, the same on every rank (host-aware
+    collectives choose their algorithms from them, so all ranks must see the same).
 
-    Rank 0, connected with every rank (so every rank has published its identity), reads the
-    identities once and publishes the list; the others read that one key: O(world size) store
-    requests in all, whatever the world size.
+    Each rank publishes which peers it reaches through shared memory once its connections are up;
+    rank 0 reads every identity and those lists and publishes the map; the others read that one
+    key: O(world size) store requests in all, whatever the world size.
     """
+    rank, world_size = transport.rank, transport.world_size
+    await store.set(f"local/{rank}", json.dumps(sorted(transport.local_peers())))
     if rank == 0:
-        raws = await store.multi_get([f"claimant/{r}/1" for r in range(world_size)])
+        locals_ = [f"local/{r}" for r in range(world_size)]
+        await _wait(store, locals_, deadline, "not every rank reported its connections", seen)
+        idents = await store.multi_get([f"claimant/{r}/1" for r in range(world_size)])
+        local = [set(json.loads(raw)) for raw in await store.multi_get(locals_)]
         keys = []
-        for r, raw in enumerate(raws):
+        for r, raw in enumerate(idents):
             ident = Identity.decode(raw)
-            # A rank of an older version says no host key: it counts as a host of its own.
-            keys.append(ident.host_key if ident is not None and ident.host_key else f"rank:{r}")
-        await store.set("hosts", json.dumps(keys))
+            # A rank of an older version says no host id: it counts as a host of its own.
+            keys.append(ident.host_id if ident is not None and ident.host_id else f"rank:{r}")
+        shm = [
+            all(p in local[r] for p in range(world_size) if p != r and keys[p] == keys[r])
+            and any(keys[p] == keys[r] for p in range(world_size) if p != r)
+            for r in range(world_size)
+        ]
+        await store.set("hosts", json.dumps({"keys": keys, "shm": shm}))
     else:
         await _wait(store, ["hosts"], deadline, "rank 0 did not publish the host map", seen)
-    keys = json.loads(await store.get("hosts"))
-    if not isinstance(keys, list) or len(keys) != world_size:
-        raise DistValueError(f"rendezvous failed: rank 0 published a host map of {len(keys)} ranks")
-    return tuple(str(k) for k in keys)
+    agreed = json.loads(await store.get("hosts"))
+    keys, shm = agreed.get("keys"), agreed.get("shm")
+    if not isinstance(keys, list) or not isinstance(shm, list) or len(keys) != world_size:
+        raise DistValueError("rendezvous failed: rank 0 published a host map of another job")
+    transport.host_keys = tuple(str(k) for k in keys)
+    transport.shm_local = tuple(bool(x) for x in shm)
 
 
 async def _connect_lower(

@@ -35,6 +35,10 @@ LAYOUTS: dict[str, Callable[[int], list[str]]] = {
     "interleaved": lambda n: [f"h{r % 2}" for r in range(n)],
     "one-per-host": lambda n: [f"h{r}" for r in range(n)],
     "one-host-direct": lambda n: ["h"] * n,
+    # Shared memory on each host: the automatic choice runs the direct forms inside hosts.
+    "one-host-shm": lambda n: ["h"] * n,
+    "pairs-shm": lambda n: [f"h{r // 2}" for r in range(n)],
+    "subgroups": lambda n: ["a", "a", "b", "b", "b"],
 }
 # (layout, world size): 2 x 2, 3 + 1 and the others at a few sizes, odd ones included; the
 # direct algorithms at every size 1..8 (the full grid of dtypes and ops at 3 and 4, a quarter
@@ -47,6 +51,8 @@ CASES = [
     ("uneven", 3),
     ("interleaved", 5),
     ("one-per-host", 3),
+    ("one-host-shm", 3),
+    ("pairs-shm", 6),
     *(("one-host-direct", n) for n in range(1, 9)),
 ]
 FULL_GRID = {3, 4}
@@ -73,19 +79,21 @@ def algo(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     return str(request.param)
 
 
-def hosts_for(layout: str, n: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def use_layout(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if layout == "one-host-direct":
         monkeypatch.setenv(select.HOST_ALGOS_ENV, "direct")
-    return LAYOUTS[layout](n)
+    else:
+        monkeypatch.delenv(select.HOST_ALGOS_ENV, raising=False)
 
 
-async def run(n: int, hosts: list[str], fn: Callable[[ProcessGroup], Awaitable[Any]]) -> list[Any]:
-    return await run_memory_world(n, fn, timeout=60, hosts=hosts)
+async def run(n: int, layout: str, fn: Callable[[ProcessGroup], Awaitable[Any]]) -> list[Any]:
+    hosts = LAYOUTS[layout](n)
+    return await run_memory_world(n, fn, timeout=60, hosts=hosts, shared_memory=layout.endswith("-shm"))
 
 
 def expected_path(layout: str, n: int) -> str | None:
     """The word the log says for this layout's host-aware operations (None: none run)."""
-    if layout == "one-host-direct":
+    if layout in ("one-host-direct", "one-host-shm"):
         return "direct" if n > 1 else None
     if layout == "one-per-host" or len(set(LAYOUTS[layout](n))) in (1, n):
         return None
@@ -111,6 +119,7 @@ def test_host_map_groups_ranks_by_host_and_leads_with_the_lowest() -> None:
 
 
 def _ctx(keys: tuple[str, ...] | None, rank: int = 0) -> OpContext:
+    """A context of rank ``rank`` in a group laid out over ``keys`` (nothing is sent)."""
     import asyncio
 
     loop = asyncio.new_event_loop()
@@ -134,7 +143,7 @@ def test_choice_follows_the_layout_and_the_switch(monkeypatch: pytest.MonkeyPatc
     assert select.host_algorithm("all_reduce", big, _ctx(None)) == "flat"
     one = _ctx(("a", "a", "a"))
     assert select.host_algorithm("all_reduce", big, one) == "flat"  # no shared memory here
-    monkeypatch.setattr(MemoryTransport, "local_peers", lambda self: frozenset({1, 2}))
+    one.transport.shm_local = (True, True, True)
     assert select.host_algorithm("all_reduce", big, one) == "direct"
     assert select.host_algorithm("all_reduce", 4, one) == "flat"  # small: recursive doubling
     assert select.host_algorithm("all_to_all", big, one) == "flat"  # pairwise already
@@ -153,7 +162,7 @@ def test_choice_follows_the_layout_and_the_switch(monkeypatch: pytest.MonkeyPatc
 async def test_reductions(
     layout: str, n: int, algo: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    hosts = hosts_for(layout, n, monkeypatch)
+    use_layout(layout, monkeypatch)
     combos = COMBOS if n in FULL_GRID else COMBOS[::4]
 
     async def fn(g: ProcessGroup) -> list[bytes]:
@@ -193,24 +202,26 @@ async def test_reductions(
         return out
 
     with caplog.at_level(logging.DEBUG, logger="aiodist"):
-        res = await run(n, hosts, fn)
+        res = await run(n, layout, fn)
     assert all(r == res[0] for r in res), "ranks ended with different bytes"
     path = expected_path(layout, n)
     said = caplog.text
     if path is None:
         assert " hierarchical " not in said and " direct " not in said
     elif path == "direct":
-        assert "reduce_scatter_tensor #2 direct" in said
-        assert ("all_reduce #0 direct" in said) == (algo == "large")  # small: recursive doubling
+        assert "reduce_scatter_tensor #2: reduce_scatter direct" in said
+        assert ("all_reduce #0: all_reduce direct" in said) == (algo == "large")  # small: recursive doubling
     else:
-        assert "all_reduce #0 hierarchical" in said and "reduce #1 hierarchical" in said
+        assert "all_reduce #0: all_reduce hierarchical" in said and "reduce #1: reduce hierarchical" in said
+        # Inside each host: the direct forms where the host has shared memory, else the flat ones.
+        assert ("all_reduce #0: broadcast direct on one host" in said) == layout.endswith("-shm")
 
 
 @pytest.mark.parametrize(("layout", "n"), CASES)
 async def test_data_movement(
     layout: str, n: int, algo: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    hosts = hosts_for(layout, n, monkeypatch)
+    use_layout(layout, monkeypatch)
 
     names = SUPPORTED_DTYPE_NAMES if n in FULL_GRID else SUPPORTED_DTYPE_NAMES[::4]
 
@@ -254,11 +265,11 @@ async def test_data_movement(
             await dist.barrier(group=g)
 
     with caplog.at_level(logging.DEBUG, logger="aiodist"):
-        await run(n, hosts, fn)
+        await run(n, layout, fn)
     path = expected_path(layout, n)
     if path is not None:
-        assert f"broadcast #0 {path}" in caplog.text
-        assert f"all_gather #1 {path}" in caplog.text
+        assert f"broadcast #0: broadcast {path}" in caplog.text
+        assert f"all_gather #1: all_gather {path}" in caplog.text
 
 
 @pytest.mark.parametrize("sub_ranks", [[1, 2, 4], [0, 1], [3, 1, 2, 0]])
@@ -266,7 +277,6 @@ async def test_subgroups_get_their_own_layout(sub_ranks: list[int]) -> None:
     """Hosts a, a, b, b, b: a subgroup across hosts runs hierarchical on its own map, one inside a
     host runs flat (no shared memory here), and both at once with the whole group."""
     n = 5
-    hosts = ["a", "a", "b", "b", "b"]
 
     async def fn(g: ProcessGroup) -> None:
         sub = ProcessGroup(g.transport, sub_ranks, 9, timeout=30)
@@ -285,4 +295,4 @@ async def test_subgroups_get_their_own_layout(sub_ranks: list[int]) -> None:
             assert np.array_equal(c, np.arange(11))
             await dist.barrier(group=sub)
 
-    await run(n, hosts, fn)
+    await run(n, "subgroups", fn)

@@ -30,7 +30,7 @@ class _Paths(logging.Handler):
         self.seen: set[str] = set()
 
     def emit(self, record: logging.LogRecord) -> None:
-        m = re.search(r": (\w+) #\d+ (direct|hierarchical) ", record.getMessage())
+        m = re.search(r": \w+ #\d+: (\w+) (direct|hierarchical) ", record.getMessage())
         if m:
             self.seen.add(f"{m.group(1)} {m.group(2)}")
 
@@ -69,7 +69,7 @@ def test_every_operation_on_two_hosts_runs_hierarchical(hosts: list[str]) -> Non
     res = spawn(_suite_on_hosts, n, args=(hosts, "auto"), timeout=170)
     check_async_suite(res, n, ("numpy",))
     for out in res:
-        assert out["host_keys"] == [f"id:{h}" for h in hosts]
+        assert out["host_keys"] == hosts
         for op in ("all_reduce", "broadcast", "reduce", "all_gather", "barrier"):
             assert f"{op} hierarchical" in out["paths"], (op, out["paths"])
         assert not any(p.endswith(" direct") for p in out["paths"])  # no shared memory over TCP
