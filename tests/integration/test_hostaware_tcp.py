@@ -9,12 +9,17 @@ one-host direct algorithms run over TCP the same way.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
+import signal
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from support.faults import mark, since
 from support.suite import async_suite, check_async_suite
 
 from aiodist.testing import spawn
@@ -89,3 +94,40 @@ def test_one_host_without_shared_memory_stays_flat() -> None:
     res = spawn(_suite_on_hosts, 2, args=(["h", "h"], "auto"), timeout=170)
     check_async_suite(res, 2, ("numpy",))
     assert all(out["paths"] == [] for out in res)
+
+
+async def _kill_leader_mid_all_reduce(rank: int, size: int, out: str) -> dict[str, Any]:
+    """Hosts h0 = {0, 1}, h1 = {2, 3}; rank 2 (h1's leader) dies inside the 6th all_reduce."""
+    import aiodist as dist
+
+    os.environ["AIODIST_HOST_ID"] = f"h{rank // 2}"
+    marker = Path(out, "killed")
+    await dist.init_process_group("tcp", "env://", timeout=60)
+    t = np.ones(1 << 20, np.float32)
+    result: dict[str, Any] = {}
+    for i in range(20):
+        t[:] = 1
+        if rank == 2 and i == 5:
+            dist.all_reduce(t)
+            await asyncio.sleep(0)  # its first messages are out; the operation waits for data
+            mark(marker)
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            await dist.all_reduce(t)
+        except dist.DistNetworkError as exc:
+            result.update(iteration=i, took=since(marker), msg=str(exc))
+            break
+        assert (t == size).all()
+    await dist.destroy_process_group()
+    return result
+
+
+def test_a_leader_killed_mid_hierarchical_all_reduce_is_named_at_once(tmp_path: Path) -> None:
+    """Its host's other rank waits only on it, the other host's ranks on their own leader: each
+    survivor still fails within 2 s naming rank 2, not at the 60 s timeout."""
+    res = spawn(_kill_leader_mid_all_reduce, 4, args=(str(tmp_path),), expect_failure=[2], timeout=90)
+    for rank in (0, 1, 3):
+        r = res[rank]
+        assert r.get("iteration") == 5, (rank, r)
+        assert "rank 2" in r["msg"], (rank, r["msg"])
+        assert r["took"] < 2.0, (rank, r)
