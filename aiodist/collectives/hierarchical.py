@@ -20,6 +20,13 @@ phase's messages before the second's, so they never mix.
   host, or straight in the output when it is one buffer whose hosts are contiguous ranks.
 - barrier: each host's ranks check in with their leader, the leaders run a barrier, the
   leaders release their ranks.
+
+Large buffers take the pipelined flat algorithms instead, on the group's ranks put in host
+order (each host's ranks together, the root's host first with the root at its head): the ring
+of all_reduce and all_gather and the chains of broadcast and reduce then cross from one host
+to the next only once per host, as NCCL's rings do, while every segment still streams through
+every rank at once (the phases above would run one after the other over the whole buffer).
+Where the group's ranks already come host by host this is the flat algorithm itself.
 """
 
 from __future__ import annotations
@@ -41,6 +48,10 @@ from aiodist.collectives.topology import HostMap
 from aiodist.ops import ReduceOp
 
 __all__ = [
+    "host_ordered_allgather",
+    "host_ordered_allreduce",
+    "host_ordered_broadcast",
+    "host_ordered_reduce",
     "hierarchical_allgather",
     "hierarchical_allreduce",
     "hierarchical_barrier",
@@ -181,3 +192,36 @@ async def hierarchical_barrier(ctx: OpContext) -> None:
     await wait_all([ctx.recv(g, memoryview(bytearray(0))) for g in local[1:]])
     await _barrier.barrier(ctx.sub(hosts.leaders))
     await wait_all([ctx.send(g, _EMPTY) for g in local[1:]])
+
+
+# -- large buffers: the pipelined flat algorithms on the ranks in host order --------------------------
+
+
+def host_order(hosts: HostMap, first: int | None = None) -> list[int]:
+    """The group's ranks host by host; with ``first``, its host leads and it leads its host."""
+    lead = 0 if first is None else hosts.host_of[first]
+    order = []
+    for k in range(hosts.n_hosts):
+        members = list(hosts.members[(lead + k) % hosts.n_hosts])
+        if k == 0 and first is not None:
+            members.remove(first)
+            members.insert(0, first)
+        order += members
+    return order
+
+
+async def host_ordered_allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
+    await _allreduce.ring_allreduce(ctx.sub(host_order(_hosts(ctx))), arr, op)
+
+
+async def host_ordered_broadcast(ctx: OpContext, arr: Array, root: int) -> None:
+    await _broadcast.chain_broadcast(ctx.sub(host_order(_hosts(ctx), root)), arr, 0)
+
+
+async def host_ordered_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> None:
+    await _reduce.chain_reduce(ctx.sub(host_order(_hosts(ctx), root)), arr, op, 0)
+
+
+async def host_ordered_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
+    order = host_order(_hosts(ctx))
+    await _allgather.ring_allgather(ctx.sub(order), [blocks[g] for g in order], inp)

@@ -11,6 +11,7 @@ the log says which path ran.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -91,13 +92,15 @@ async def run(n: int, layout: str, fn: Callable[[ProcessGroup], Awaitable[Any]])
     return await run_memory_world(n, fn, timeout=60, hosts=hosts, shared_memory=layout.endswith("-shm"))
 
 
-def expected_path(layout: str, n: int) -> str | None:
-    """The word the log says for this layout's host-aware operations (None: none run)."""
+def expected_path(layout: str, n: int, algo: str) -> str | None:
+    """The word the log says for this layout's host-aware operations (None: none run): over
+    several hosts, the phases for small buffers, the flat rings and chains in host order for
+    large ones."""
     if layout in ("one-host-direct", "one-host-shm"):
         return "direct" if n > 1 else None
     if layout == "one-per-host" or len(set(LAYOUTS[layout](n))) in (1, n):
         return None
-    return "hierarchical"
+    return "hierarchical" if algo == "small" else "host-ordered"
 
 
 # -- the host map and the choice -------------------------------------------------------------------
@@ -204,17 +207,18 @@ async def test_reductions(
     with caplog.at_level(logging.DEBUG, logger="aiodist"):
         res = await run(n, layout, fn)
     assert all(r == res[0] for r in res), "ranks ended with different bytes"
-    path = expected_path(layout, n)
+    path = expected_path(layout, n, algo)
     said = caplog.text
     if path is None:
-        assert " hierarchical " not in said and " direct " not in said
+        assert not re.search(" (hierarchical|host-ordered|direct) ", said)
     elif path == "direct":
         assert "reduce_scatter_tensor #2: reduce_scatter direct" in said
         assert ("all_reduce #0: all_reduce direct" in said) == (algo == "large")  # small: recursive doubling
     else:
-        assert "all_reduce #0: all_reduce hierarchical" in said and "reduce #1: reduce hierarchical" in said
+        assert f"all_reduce #0: all_reduce {path}" in said and f"reduce #1: reduce {path}" in said
         # Inside each host: the direct forms where the host has shared memory, else the flat ones.
-        assert ("all_reduce #0: broadcast direct on one host" in said) == layout.endswith("-shm")
+        local_direct = "all_reduce #0: broadcast direct on one host" in said
+        assert local_direct == (layout.endswith("-shm") and path == "hierarchical")
 
 
 @pytest.mark.parametrize(("layout", "n"), CASES)
@@ -266,7 +270,7 @@ async def test_data_movement(
 
     with caplog.at_level(logging.DEBUG, logger="aiodist"):
         await run(n, layout, fn)
-    path = expected_path(layout, n)
+    path = expected_path(layout, n, algo)
     if path is not None:
         assert f"broadcast #0: broadcast {path}" in caplog.text
         assert f"all_gather #1: all_gather {path}" in caplog.text

@@ -35,7 +35,7 @@ class _Paths(logging.Handler):
         self.seen: set[str] = set()
 
     def emit(self, record: logging.LogRecord) -> None:
-        m = re.search(r": \w+ #\d+: (\w+) (direct|hierarchical) ", record.getMessage())
+        m = re.search(r": \w+ #\d+: (\w+) (direct|hierarchical|host-ordered) ", record.getMessage())
         if m:
             self.seen.add(f"{m.group(1)} {m.group(2)}")
 
@@ -75,7 +75,11 @@ def test_every_operation_on_two_hosts_runs_hierarchical(hosts: list[str]) -> Non
     check_async_suite(res, n, ("numpy",))
     for out in res:
         assert out["host_keys"] == hosts
-        for op in ("all_reduce", "broadcast", "reduce", "all_gather", "barrier"):
+        # Small buffers in phases, large ones (all_reduce of 5.6 MB, broadcasts of 2.4 MB) in
+        # rings and chains with the ranks in host order.
+        for path in ("all_reduce hierarchical", "all_reduce host-ordered", "broadcast host-ordered"):
+            assert path in out["paths"], (path, out["paths"])
+        for op in ("reduce", "all_gather", "barrier"):
             assert f"{op} hierarchical" in out["paths"], (op, out["paths"])
         assert not any(p.endswith(" direct") for p in out["paths"])  # no shared memory over TCP
 
