@@ -47,6 +47,7 @@ from aiodist.runtime import host as _host
 from aiodist.runtime.progress import every
 from aiodist.store import Store
 from aiodist.store.base import StoreShutDownError
+from aiodist.transport.base import Transport
 from aiodist.transport.tcp import TcpTransport
 
 __all__ = ["Identity", "claim_rank", "connect_mesh", "namespace"]
@@ -423,7 +424,7 @@ async def _connect_mesh(
         raise
 
 
-async def _agree_hosts(store: Store, transport: TcpTransport, deadline: _Deadline, seen: _Seen) -> None:
+async def _agree_hosts(store: Store, transport: Transport, deadline: _Deadline, seen: _Seen) -> None:
     """Set ``transport.host_keys`` and ``transport.shm_local``, the same on every rank (host-aware
     collectives choose their algorithms from them, so all ranks must see the same).
 

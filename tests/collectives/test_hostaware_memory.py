@@ -10,6 +10,7 @@ the log says which path ran.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -123,8 +124,6 @@ def test_host_map_groups_ranks_by_host_and_leads_with_the_lowest() -> None:
 
 def _ctx(keys: tuple[str, ...] | None, rank: int = 0) -> OpContext:
     """A context of rank ``rank`` in a group laid out over ``keys`` (nothing is sent)."""
-    import asyncio
-
     loop = asyncio.new_event_loop()
     try:
         t = MemoryTransport(None, rank, len(keys or "ab"), loop)  # type: ignore[arg-type]
@@ -300,3 +299,32 @@ async def test_subgroups_get_their_own_layout(sub_ranks: list[int]) -> None:
             await dist.barrier(group=sub)
 
     await run(n, "subgroups", fn)
+
+
+# -- the host facts the rendezvous agrees on ---------------------------------------------------------
+
+
+async def test_rendezvous_agrees_on_hosts_and_shared_memory() -> None:
+    """Hosts a, a, a, b; rank 2 reaches rank 0 but not rank 1 through shared memory. Every rank
+    ends with the same facts: ranks 0 and 1 share memory with all of their host, 2 does not, 3
+    has nobody to share with; a rank of an older version (no host id) counts as its own host."""
+    from aiodist.store.memory import HashStore
+    from aiodist.transport import mesh
+    from aiodist.transport.memory import MemoryFabric
+
+    store = HashStore()
+    fabric = MemoryFabric(5)
+    hosts = ["a", "a", "a", "b", ""]
+    local = {0: [1, 2], 1: [0, 2], 2: [0], 3: [], 4: []}
+    for r, t in enumerate(fabric.transports):
+        await store.set(f"claimant/{r}/1", mesh.Identity(r, 5, "box", 100 + r, host_id=hosts[r]).encode())
+        t.local_peers = lambda r=r: local[r]  # type: ignore[method-assign]
+    deadline = mesh._Deadline(10)
+    await asyncio.gather(*(mesh._agree_hosts(store, t, deadline, mesh._Seen()) for t in fabric.transports))
+    for t in fabric.transports:
+        assert t.host_keys == ("a", "a", "a", "b", "rank:4")
+        assert t.shm_local == (True, True, False, False, False)
+    for t in fabric.transports:
+        t.abort()
+    m = host_map(fabric.transports[0].host_keys, range(5))
+    assert m is not None and m.members == ((0, 1, 2), (3,), (4,)) and m.layered

@@ -10,6 +10,7 @@ one-host direct algorithms run over TCP the same way.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 import re
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 from support.faults import mark, since
-from support.suite import async_suite, check_async_suite
+from support.suite import async_suite, check_async_suite, check_sync_suite, sync_suite
 
 from aiodist.testing import spawn
 
@@ -82,6 +83,26 @@ def test_every_operation_on_two_hosts_runs_hierarchical(hosts: list[str]) -> Non
         for op in ("reduce", "all_gather", "barrier"):
             assert f"{op} hierarchical" in out["paths"], (op, out["paths"])
         assert not any(p.endswith(" direct") for p in out["paths"])  # no shared memory over TCP
+
+
+def _sync_suite_on_hosts(rank: int, size: int, hosts: list[str]) -> dict[str, Any]:
+    os.environ["AIODIST_HOST_ID"] = hosts[rank]
+    paths = _Paths()
+    logger = logging.getLogger("aiodist")
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(paths)
+    res = sync_suite(rank, size, "gloo", "cpu", False, "torch")
+    res["paths"] = sorted(paths.seen)
+    return res
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
+def test_sync_face_with_torch_tensors_on_two_hosts() -> None:
+    hosts = ["h0", "h1", "h0", "h1"]  # hosts that interleave: leaders 0 and 1
+    res = spawn(_sync_suite_on_hosts, 4, args=(hosts,), timeout=170)
+    check_sync_suite(res, 4, "torch")
+    for out in res:
+        assert "all_reduce hierarchical" in out["paths"], out["paths"]
 
 
 def test_every_operation_on_one_host_with_direct_algorithms() -> None:
