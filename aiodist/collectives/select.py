@@ -71,10 +71,8 @@ of the phases across real hosts are not measured yet: the figures above cannot s
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
-from aiodist.errors import DistValueError
 from aiodist.runtime import host as _host
 
 if TYPE_CHECKING:
@@ -172,12 +170,12 @@ def gather_algorithm(block_bytes: int, size: int) -> str:
 
 # -- host-aware choices (aiodist.collectives.hostaware) -------------------------------------
 
-#: ``auto`` (the default): direct algorithms on a group whose ranks share one host and reach each
-#: other through shared memory, hierarchical ones on a group spread over hosts with several ranks
-#: on some host; ``flat``: neither; ``direct``: the direct algorithms on every group on one host,
-#: whatever carries its data (tests, measurements). Must be equal on all ranks.
+#: ``AIODIST_HOST_ALGOS``, which every rank of a job must set alike (the rendezvous checks it and
+#: the transport holds it): ``auto`` (the default): direct algorithms on a group whose ranks share
+#: one host and reach each other through shared memory, hierarchical ones on a group spread over
+#: hosts with several ranks on some host; ``flat``: neither; ``direct``: the direct algorithms on
+#: every group on one host, whatever carries its data (tests, measurements).
 HOST_ALGOS_ENV = "AIODIST_HOST_ALGOS"
-_HOST_MODES = ("auto", "flat", "direct")
 #: all_reduce on one host: recursive doubling below, direct reduce-scatter + all-gather at and above
 #: (not measured over shared memory yet; as the ring's switch point over TCP).
 DIRECT_ALLREDUCE_BYTES = 1024 * 1024
@@ -189,27 +187,17 @@ _DIRECT_OPS = frozenset({"all_reduce", "broadcast", "all_gather", "reduce_scatte
 _HIERARCHICAL_OPS = frozenset({"all_reduce", "broadcast", "all_gather", "reduce", "barrier"})
 
 
-def host_mode() -> str:
-    """``AIODIST_HOST_ALGOS``, checked (read at each call, like ``AIODIST_DEBUG``)."""
-    mode = os.environ.get(HOST_ALGOS_ENV, "").strip().lower() or "auto"
-    if mode not in _HOST_MODES:
-        raise DistValueError(f"{HOST_ALGOS_ENV}={mode!r}: use one of {', '.join(_HOST_MODES)}")
-    return mode
-
-
 def host_algorithm(op: str, nbytes: int, ctx: OpContext) -> str:
     """``"direct"``, ``"hierarchical"`` or ``"flat"`` for operation ``op`` of ``nbytes`` on ``ctx``'s group.
 
-    Depends on the group's host map (equal on every rank), the operation and its size, and
-    ``AIODIST_HOST_ALGOS`` (equal on every rank, like every setting of the job). Automatic
-    direct choices also ask the transport whether it reaches every member through shared
-    memory: a transport that reports it must make that a fact of the job (the same pairs on
-    both ends), or ranks would choose differently.
+    Depends only on facts equal on every rank: the group's host map, whether its members reach
+    the others of their host through shared memory, and ``AIODIST_HOST_ALGOS``, all three
+    agreed on at rendezvous (``transport.mesh``), the operation and its size.
     """
     hosts = ctx.hosts
     if hosts is None or ctx.size == 1:
         return "flat"
-    mode = host_mode()
+    mode = ctx.transport.host_algos
     if mode == "flat":
         return "flat"
     if hosts.layered:

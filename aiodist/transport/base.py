@@ -470,6 +470,8 @@ class Transport(ABC):
         # None: unknown). Host-aware collectives choose their algorithms from them.
         self.host_keys: tuple[str, ...] | None = None
         self.shm_local: tuple[bool, ...] | None = None
+        # AIODIST_HOST_ALGOS as the job agreed on it ("auto", "flat", "direct").
+        self.host_algos = "auto"
 
     # -- the data path -----------------------------------------------------------------
     @abstractmethod

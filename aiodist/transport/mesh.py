@@ -369,6 +369,10 @@ async def _connect_mesh(
     unconnected: set[int],
 ) -> TcpTransport:
     group_name, secret, host = how
+    try:
+        mode = _host.host_algos()  # checked before connecting: a bad value fails every rank at once
+    except DistValueError as exc:
+        raise await _fail(store, f"rendezvous failed: rank {rank}: {exc}") from None
     if rank == 0:
         await store.set("job", secrets.token_hex(8))
     try:
@@ -401,7 +405,7 @@ async def _connect_mesh(
                 host,
                 port,
             )
-            await _agree_hosts(store, transport, deadline, seen)
+            await _agree_hosts(store, transport, deadline, seen, mode)
         except DistTimeoutError:
             raise _missing_error(seen, world_size, deadline) from None
         except DistStoreError as exc:
@@ -424,21 +428,33 @@ async def _connect_mesh(
         raise
 
 
-async def _agree_hosts(store: Store, transport: Transport, deadline: _Deadline, seen: _Seen) -> None:
-    """Set ``transport.host_keys`` and ``transport.shm_local``, the same on every rank (host-aware
-    collectives choose their algorithms from them, so all ranks must see the same).
+async def _agree_hosts(
+    store: Store, transport: Transport, deadline: _Deadline, seen: _Seen, mode: str
+) -> None:
+    """Set ``transport.host_keys``, ``shm_local`` and ``host_algos``, the same on every rank
+    (host-aware collectives choose their algorithms from them, so all ranks must see the same).
 
     Each rank publishes which peers it reaches through shared memory once its connections are up;
-    rank 0 reads every identity and those lists and publishes the map; the others read that one
-    key: O(world size) store requests in all, whatever the world size.
+    with its ``mode`` (``AIODIST_HOST_ALGOS``); rank 0 reads every identity and those reports and
+    publishes the map; the others read that one key: O(world size) store requests in all,
+    whatever the world size. Ranks whose ``mode`` differs fail the rendezvous, every rank.
     """
     rank, world_size = transport.rank, transport.world_size
-    await store.set(f"local/{rank}", json.dumps(sorted(transport.local_peers())))
+    await store.set(f"local/{rank}", json.dumps({"peers": sorted(transport.local_peers()), "mode": mode}))
     if rank == 0:
         locals_ = [f"local/{r}" for r in range(world_size)]
         await _wait(store, locals_, deadline, "not every rank reported its connections", seen)
         idents = await store.multi_get([f"claimant/{r}/1" for r in range(world_size)])
-        local = [set(json.loads(raw)) for raw in await store.multi_get(locals_)]
+        reports = [json.loads(raw) for raw in await store.multi_get(locals_)]
+        others = {r: rep.get("mode") for r, rep in enumerate(reports) if rep.get("mode") != mode}
+        if others:
+            said = ", ".join(f"rank {r} has {m}" for r, m in list(others.items())[:8])
+            raise await _fail(
+                store,
+                f"rendezvous failed: AIODIST_HOST_ALGOS differs between ranks: rank 0 has {mode}, "
+                f"{said} (set it alike on every rank)",
+            )
+        local = [set(rep.get("peers", ())) for rep in reports]
         keys = []
         for r, raw in enumerate(idents):
             ident = Identity.decode(raw)
@@ -458,6 +474,7 @@ async def _agree_hosts(store: Store, transport: Transport, deadline: _Deadline, 
         raise DistValueError("rendezvous failed: rank 0 published a host map of another job")
     transport.host_keys = tuple(str(k) for k in keys)
     transport.shm_local = tuple(bool(x) for x in shm)
+    transport.host_algos = mode
 
 
 async def _connect_lower(

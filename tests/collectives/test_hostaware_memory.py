@@ -81,16 +81,15 @@ def algo(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     return str(request.param)
 
 
-def use_layout(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if layout == "one-host-direct":
-        monkeypatch.setenv(select.HOST_ALGOS_ENV, "direct")
-    else:
-        monkeypatch.delenv(select.HOST_ALGOS_ENV, raising=False)
-
-
 async def run(n: int, layout: str, fn: Callable[[ProcessGroup], Awaitable[Any]]) -> list[Any]:
-    hosts = LAYOUTS[layout](n)
-    return await run_memory_world(n, fn, timeout=60, hosts=hosts, shared_memory=layout.endswith("-shm"))
+    return await run_memory_world(
+        n,
+        fn,
+        timeout=60,
+        hosts=LAYOUTS[layout](n),
+        shared_memory=layout.endswith("-shm"),
+        host_algos="direct" if layout == "one-host-direct" else "auto",
+    )
 
 
 def expected_path(layout: str, n: int, algo: str) -> str | None:
@@ -133,8 +132,7 @@ def _ctx(keys: tuple[str, ...] | None, rank: int = 0) -> OpContext:
         loop.close()
 
 
-def test_choice_follows_the_layout_and_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(select.HOST_ALGOS_ENV, raising=False)
+def test_choice_follows_the_layout_and_the_switch() -> None:
     big = 64 << 20
     layered = _ctx(("a", "a", "b", "b"))
     for op in ("all_reduce", "broadcast", "all_gather", "reduce", "barrier"):
@@ -149,12 +147,21 @@ def test_choice_follows_the_layout_and_the_switch(monkeypatch: pytest.MonkeyPatc
     assert select.host_algorithm("all_reduce", big, one) == "direct"
     assert select.host_algorithm("all_reduce", 4, one) == "flat"  # small: recursive doubling
     assert select.host_algorithm("all_to_all", big, one) == "flat"  # pairwise already
-    monkeypatch.setenv(select.HOST_ALGOS_ENV, "flat")
+    for ctx in (layered, one):
+        ctx.transport.host_algos = "flat"
     assert select.host_algorithm("all_reduce", big, layered) == "flat"
     assert select.host_algorithm("all_reduce", big, one) == "flat"
+    one.transport.shm_local = None
+    one.transport.host_algos = "direct"
+    assert select.host_algorithm("broadcast", big, one) == "direct"  # whatever carries the data
+
+
+def test_the_switch_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(select.HOST_ALGOS_ENV, "Direct ")
+    assert select._host.host_algos() == "direct"
     monkeypatch.setenv(select.HOST_ALGOS_ENV, "bogus")
-    with pytest.raises(ValueError, match="AIODIST_HOST_ALGOS"):
-        select.host_algorithm("all_reduce", big, layered)
+    with pytest.raises(ValueError, match="AIODIST_HOST_ALGOS='bogus': use one of auto, flat, direct"):
+        select._host.host_algos()
 
 
 # -- every operation, every layout ------------------------------------------------------------------
@@ -164,7 +171,6 @@ def test_choice_follows_the_layout_and_the_switch(monkeypatch: pytest.MonkeyPatc
 async def test_reductions(
     layout: str, n: int, algo: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    use_layout(layout, monkeypatch)
     combos = COMBOS if n in FULL_GRID else COMBOS[::4]
 
     async def fn(g: ProcessGroup) -> list[bytes]:
@@ -224,7 +230,6 @@ async def test_reductions(
 async def test_data_movement(
     layout: str, n: int, algo: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    use_layout(layout, monkeypatch)
 
     names = SUPPORTED_DTYPE_NAMES if n in FULL_GRID else SUPPORTED_DTYPE_NAMES[::4]
 
@@ -320,11 +325,39 @@ async def test_rendezvous_agrees_on_hosts_and_shared_memory() -> None:
         await store.set(f"claimant/{r}/1", mesh.Identity(r, 5, "box", 100 + r, host_id=hosts[r]).encode())
         t.local_peers = lambda r=r: local[r]  # type: ignore[method-assign]
     deadline = mesh._Deadline(10)
-    await asyncio.gather(*(mesh._agree_hosts(store, t, deadline, mesh._Seen()) for t in fabric.transports))
+    await asyncio.gather(
+        *(mesh._agree_hosts(store, t, deadline, mesh._Seen(), "direct") for t in fabric.transports)
+    )
     for t in fabric.transports:
         assert t.host_keys == ("a", "a", "a", "b", "rank:4")
         assert t.shm_local == (True, True, False, False, False)
+        assert t.host_algos == "direct"
     for t in fabric.transports:
         t.abort()
     m = host_map(fabric.transports[0].host_keys, range(5))
     assert m is not None and m.members == ((0, 1, 2), (3,), (4,)) and m.layered
+
+
+async def test_rendezvous_refuses_ranks_that_disagree_on_the_switch() -> None:
+    from aiodist.errors import DistError
+    from aiodist.store.memory import HashStore
+    from aiodist.transport import mesh
+    from aiodist.transport.memory import MemoryFabric
+
+    store = HashStore()
+    fabric = MemoryFabric(3)
+    for r in range(3):
+        await store.set(f"claimant/{r}/1", mesh.Identity(r, 3, "box", 100 + r, host_id="a").encode())
+    deadline = mesh._Deadline(10)
+    modes = ["auto", "flat", "auto"]
+    got = await asyncio.gather(
+        *(
+            mesh._agree_hosts(store, t, deadline, mesh._Seen(), m)
+            for t, m in zip(fabric.transports, modes, strict=True)
+        ),
+        return_exceptions=True,
+    )
+    for t in fabric.transports:
+        t.abort()
+    want = "AIODIST_HOST_ALGOS differs between ranks: rank 0 has auto, rank 1 has flat"
+    assert all(isinstance(e, DistError) and want in str(e) for e in got), got

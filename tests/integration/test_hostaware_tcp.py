@@ -156,3 +156,30 @@ def test_a_leader_killed_mid_hierarchical_all_reduce_is_named_at_once(tmp_path: 
         assert r.get("iteration") == 5, (rank, r)
         assert "rank 2" in r["msg"], (rank, r["msg"])
         assert r["took"] < 2.0, (rank, r)
+
+
+async def _init_with_switch(rank: int, size: int, modes: list[str]) -> str:
+    import aiodist as dist
+
+    os.environ["AIODIST_HOST_ALGOS"] = modes[rank]
+    try:
+        await dist.init_process_group("tcp", "env://", timeout=30)
+    except dist.DistError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    await dist.destroy_process_group()
+    return "joined"
+
+
+@pytest.mark.parametrize(
+    ("modes", "want"),
+    [
+        (["auto", "flat"], "AIODIST_HOST_ALGOS differs between ranks: rank 0 has auto, rank 1 has flat"),
+        (["auto", "nope"], "rank 1: AIODIST_HOST_ALGOS='nope': use one of auto, flat, direct"),
+    ],
+)
+def test_ranks_must_agree_on_the_switch(modes: list[str], want: str) -> None:
+    """The host-aware choices must be equal on every rank: the rendezvous refuses otherwise, on
+    every rank, naming the value, well before its timeout."""
+    res = spawn(_init_with_switch, 2, args=(modes,), timeout=60)
+    assert all(want in msg for msg in res), res
+    assert any(msg.startswith("DistValueError") for msg in res), res  # the rank that found it
