@@ -6,8 +6,6 @@ import functools
 import os
 import socket
 
-from aiodist.errors import DistValueError
-
 __all__ = ["cores", "has_core_per_rank", "has_spare_core", "host_id", "local_ranks"]
 
 
@@ -59,19 +57,3 @@ def host_id() -> str:
     except OSError:
         boot = ""
     return f"{socket.gethostname()}/{boot}" if boot else socket.gethostname()
-
-
-#: ``AIODIST_HOST_ALGOS``: which host-aware collectives may run (see ``host_algos``).
-HOST_ALGOS_MODES = ("auto", "flat", "direct")
-
-
-def host_algos() -> str:
-    """``AIODIST_HOST_ALGOS``: ``auto`` (default), ``flat`` or ``direct``, read when a job starts.
-
-    Raises:
-        DistValueError: any other value.
-    """
-    mode = os.environ.get("AIODIST_HOST_ALGOS", "").strip().lower() or "auto"
-    if mode not in HOST_ALGOS_MODES:
-        raise DistValueError(f"AIODIST_HOST_ALGOS={mode!r}: use one of {', '.join(HOST_ALGOS_MODES)}")
-    return mode

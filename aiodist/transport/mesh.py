@@ -59,6 +59,22 @@ _POLL = 0.05
 _CLAIMANT_WAIT = 2.0
 
 
+#: ``AIODIST_HOST_ALGOS``: which host-aware collectives may run (``aiodist.collectives.select``).
+HOST_ALGOS_MODES = ("auto", "flat", "direct")
+
+
+def host_algos() -> str:
+    """``AIODIST_HOST_ALGOS``: ``auto`` (default), ``flat`` or ``direct``, read when a job starts.
+
+    Raises:
+        DistValueError: any other value.
+    """
+    mode = os.environ.get("AIODIST_HOST_ALGOS", "").strip().lower() or "auto"
+    if mode not in HOST_ALGOS_MODES:
+        raise DistValueError(f"AIODIST_HOST_ALGOS={mode!r}: use one of {', '.join(HOST_ALGOS_MODES)}")
+    return mode
+
+
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name, "")
     return int(value) if value.strip().lstrip("-").isdigit() else None
@@ -370,7 +386,7 @@ async def _connect_mesh(
 ) -> TcpTransport:
     group_name, secret, host = how
     try:
-        mode = _host.host_algos()  # checked before connecting: a bad value fails every rank at once
+        mode = host_algos()  # checked before connecting: a bad value fails every rank at once
     except DistValueError as exc:
         raise await _fail(store, f"rendezvous failed: rank {rank}: {exc}") from None
     if rank == 0:

@@ -27,6 +27,7 @@ from aiodist.collectives.topology import host_map
 from aiodist.group import ProcessGroup
 from aiodist.ops import SUPPORTED_DTYPE_NAMES, ReduceOp, dtype_from_name
 from aiodist.testing import run_memory_world
+from aiodist.transport import mesh
 from aiodist.transport.memory import MemoryTransport
 
 pytestmark = pytest.mark.timeout(120)
@@ -158,10 +159,10 @@ def test_choice_follows_the_layout_and_the_switch() -> None:
 
 def test_the_switch_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(select.HOST_ALGOS_ENV, "Direct ")
-    assert select._host.host_algos() == "direct"
+    assert mesh.host_algos() == "direct"
     monkeypatch.setenv(select.HOST_ALGOS_ENV, "bogus")
     with pytest.raises(ValueError, match="AIODIST_HOST_ALGOS='bogus': use one of auto, flat, direct"):
-        select._host.host_algos()
+        mesh.host_algos()
 
 
 # -- every operation, every layout ------------------------------------------------------------------
@@ -314,7 +315,6 @@ async def test_rendezvous_agrees_on_hosts_and_shared_memory() -> None:
     ends with the same facts: ranks 0 and 1 share memory with all of their host, 2 does not, 3
     has nobody to share with; a rank of an older version (no host id) counts as its own host."""
     from aiodist.store.memory import HashStore
-    from aiodist.transport import mesh
     from aiodist.transport.memory import MemoryFabric
 
     store = HashStore()
@@ -341,7 +341,6 @@ async def test_rendezvous_agrees_on_hosts_and_shared_memory() -> None:
 async def test_rendezvous_refuses_ranks_that_disagree_on_the_switch() -> None:
     from aiodist.errors import DistError
     from aiodist.store.memory import HashStore
-    from aiodist.transport import mesh
     from aiodist.transport.memory import MemoryFabric
 
     store = HashStore()
