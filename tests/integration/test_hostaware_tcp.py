@@ -41,9 +41,12 @@ class _Paths(logging.Handler):
             self.seen.add(f"{m.group(1)} {m.group(2)}")
 
 
-async def _suite_on_hosts(rank: int, size: int, hosts: list[str], mode: str) -> dict[str, Any]:
+async def _suite_on_hosts(
+    rank: int, size: int, hosts: list[str], mode: str, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     os.environ["AIODIST_HOST_ID"] = hosts[rank]
     os.environ["AIODIST_HOST_ALGOS"] = mode
+    os.environ.update(env or {})
     paths = _Paths()
     logger = logging.getLogger("aiodist")
     logger.setLevel(logging.DEBUG)
@@ -52,10 +55,13 @@ async def _suite_on_hosts(rank: int, size: int, hosts: list[str], mode: str) -> 
     from aiodist.face import world as _world
 
     keys: list[str] = []
+    shm: list[bool] = []
     orig_destroy = dist.destroy_process_group
 
     async def destroy(*args: Any, **kwargs: Any) -> None:
-        keys.extend(_world.world().transport.host_keys or ())  # the map the rendezvous agreed on
+        transport = _world.world().transport
+        keys.extend(transport.host_keys or ())  # the map the rendezvous agreed on
+        shm.extend(transport.shm_local or ())  # who reaches all of its host through shared memory
         await orig_destroy(*args, **kwargs)
 
     dist.destroy_process_group = destroy  # type: ignore[assignment]
@@ -66,6 +72,7 @@ async def _suite_on_hosts(rank: int, size: int, hosts: list[str], mode: str) -> 
         logger.removeHandler(paths)
     res["paths"] = sorted(paths.seen)
     res["host_keys"] = keys
+    res["shm"] = shm
     return res
 
 
@@ -74,7 +81,7 @@ def test_every_operation_on_two_hosts_runs_hierarchical(hosts: list[str]) -> Non
     n = len(hosts)
     res = spawn(_suite_on_hosts, n, args=(hosts, "auto"), timeout=170)
     check_async_suite(res, n, ("numpy",))
-    for out in res:
+    for r, out in enumerate(res):
         assert out["host_keys"] == hosts
         # Small buffers in phases, large ones (all_reduce of 5.6 MB, broadcasts of 2.4 MB) in
         # rings and chains with the ranks in host order.
@@ -82,7 +89,10 @@ def test_every_operation_on_two_hosts_runs_hierarchical(hosts: list[str]) -> Non
             assert path in out["paths"], (path, out["paths"])
         for op in ("reduce", "all_gather", "barrier"):
             assert f"{op} hierarchical" in out["paths"], (op, out["paths"])
-        assert not any(p.endswith(" direct") for p in out["paths"])  # no shared memory over TCP
+        # Inside a host: the direct forms where its ranks share memory (the shared-memory
+        # transport), else the flat ones over TCP.
+        assert all(hosts.count(hosts[k]) > 1 for k in range(n) if out["shm"][k])
+        assert ("broadcast direct" in out["paths"]) == out["shm"][r], (r, out["shm"], out["paths"])
 
 
 def _sync_suite_on_hosts(rank: int, size: int, hosts: list[str]) -> dict[str, Any]:
@@ -116,8 +126,11 @@ def test_every_operation_on_one_host_with_direct_algorithms() -> None:
 
 
 def test_one_host_without_shared_memory_stays_flat() -> None:
-    res = spawn(_suite_on_hosts, 2, args=(["h", "h"], "auto"), timeout=170)
+    """AIODIST_SHM=0 turns shared memory off where the transport has it; without it the ranks of
+    one host talk over TCP, where the flat algorithms stay."""
+    res = spawn(_suite_on_hosts, 2, args=(["h", "h"], "auto", {"AIODIST_SHM": "0"}), timeout=170)
     check_async_suite(res, 2, ("numpy",))
+    assert all(out["shm"] == [False, False] for out in res)
     assert all(out["paths"] == [] for out in res)
 
 
@@ -183,3 +196,17 @@ def test_ranks_must_agree_on_the_switch(modes: list[str], want: str) -> None:
     res = spawn(_init_with_switch, 2, args=(modes,), timeout=60)
     assert all(want in msg for msg in res), res
     assert any(msg.startswith("DistValueError") for msg in res), res  # the rank that found it
+
+
+def test_one_host_automatic_choice_follows_shared_memory() -> None:
+    """With the default settings the direct forms run exactly where the ranks agreed they share
+    memory (the shared-memory transport), and the flat ones elsewhere."""
+    n = 3
+    res = spawn(_suite_on_hosts, n, args=(["h"] * n, "auto"), timeout=170)
+    check_async_suite(res, n, ("numpy",))
+    for out in res:
+        assert out["shm"] == res[0]["shm"] and len(out["shm"]) == n
+        shared = all(out["shm"])
+        assert ("all_gather direct" in out["paths"]) == shared, out
+        assert ("broadcast direct" in out["paths"]) == shared, out
+        assert not any(p.endswith(" hierarchical") for p in out["paths"])
