@@ -58,15 +58,25 @@ gather, bytes per rank: binomial tree / direct::
 Host-aware choices (``host_algorithm``) follow the group's layout over hosts, not a size: the
 direct forms on one host with shared memory, the hierarchical ones across hosts with several
 ranks on some host, each switching to its pipelined form at the flat switch points above.
-What could be measured on this machine (4 processes over loopback TCP on 2 shared cores,
-the machine loaded by other engineers' jobs (load 14-17), best of 300 / 7 calls, /tmp
-scripts not kept): told they are two hosts of two, all_reduce 4 B 255-270 µs hierarchical
-against 100-110 µs flat, 64 KiB 370-570 / 150-230 µs; 16 MiB 80 / 190 ms (the same ring in
-host order: noise). One host, direct forms forced over TCP (no shared memory), 2 ranks:
-all_gather 64 MiB per rank 970 / 570 ms flat, all_reduce 64 MiB 267 / 228 ms -> without shared
-memory the direct forms are not chosen (one large message over a socket streams worse than
-1 MiB segments). Their switch point over shared memory (``DIRECT_ALLREDUCE_BYTES``) and the gain
-of the phases across real hosts are not measured yet: the figures above cannot show either.
+
+One host over shared memory (a trial merge with the shared-memory transport, same machine,
+load 6-8 from other jobs; best of 15 / 7 calls, two interleaved runs, /tmp scripts not kept),
+all_reduce float32 flat (recursive doubling below 1 MiB, ring above) / direct, ms::
+
+    2 ranks: 64 KiB 0.15-0.56 / 0.17-0.76, 256 KiB 0.49-0.58 / 0.52-1.0, 1 MiB 1.0-1.2 /
+             1.0-1.4, 4 MiB 2.5 / 1.3-2.7, 16 MiB 8.5-15.5 / 11-15, 64 MiB 83 / 55
+    4 ranks: 64 KiB 0.29-0.55 / 1.3-2.7, 256 KiB 1.7-1.9 / 2.5, 1 MiB 4.4-8.8 / 2.6-10.9,
+             4 MiB 7.4-7.7 / 7.0-8.2, 16 MiB 42-50 / 30-41
+    -> direct from 1 MiB (``DIRECT_ALLREDUCE_BYTES``): below, two rounds of messages to every
+    peer cost more than recursive doubling's log2(n) exchanges. 2 ranks, 64 MiB, flat / direct:
+    all_gather 60 / 40, broadcast 6-16 / 13-15 (the same single transfer on 2 ranks).
+
+Over TCP (no shared memory: 4 processes over loopback on the 2 cores, load 14-17): told they
+are two hosts of two, all_reduce 4 B 255-270 µs hierarchical against 100-110 µs flat, 64 KiB
+370-570 / 150-230 µs; 16 MiB 80 / 190 ms (the same ring in host order: noise). One host with
+the direct forms forced, 2 ranks: all_gather 64 MiB per rank 970 / 570 ms flat, all_reduce 64
+MiB 267 / 228 ms -> without shared memory the direct forms are not chosen. The gain of the
+phases across real hosts cannot be measured on one machine.
 """
 
 from __future__ import annotations
@@ -177,7 +187,7 @@ def gather_algorithm(block_bytes: int, size: int) -> str:
 #: every group on one host, whatever carries its data (tests, measurements).
 HOST_ALGOS_ENV = "AIODIST_HOST_ALGOS"
 #: all_reduce on one host: recursive doubling below, direct reduce-scatter + all-gather at and above
-#: (not measured over shared memory yet; as the ring's switch point over TCP).
+#: (measured over shared memory: see above).
 DIRECT_ALLREDUCE_BYTES = 1024 * 1024
 #: segments of the direct reductions in flight at once (each takes size - 1 segments of scratch).
 DIRECT_DEPTH = 2
