@@ -461,6 +461,13 @@ class Transport(ABC):
         self.goodbye: Goodbye | None = None
         # Per group id: the group's handler of control messages (state queries, resync).
         self._control_handlers: dict[int, ControlHandler] = {}
+        # Every global rank's host id, and whether it reaches every other rank of its host
+        # through shared memory: equal on every rank (the mesh agrees on them at rendezvous;
+        # None: unknown). Host-aware collectives choose their algorithms from them.
+        self.host_keys: tuple[str, ...] | None = None
+        self.shm_local: tuple[bool, ...] | None = None
+        # AIODIST_HOST_ALGOS as the job agreed on it ("auto", "flat", "direct").
+        self.host_algos = "auto"
 
     # -- the data path -----------------------------------------------------------------
     @abstractmethod
@@ -640,3 +647,16 @@ class Transport(ABC):
 
     def peers(self) -> Sequence[int]:
         return [r for r in range(self.world_size) if r != self.rank]
+
+    # -- where the peers are (for host-aware algorithms) ---------------------------------
+    def local_peers(self) -> list[int]:
+        """Peers whose data messages travel through shared memory with this rank (both ways)."""
+        return []
+
+    def shares_memory_with(self, peer: int) -> bool:
+        """Whether data messages with ``peer`` travel through shared memory (both ways)."""
+        return peer in self.local_peers()
+
+    def host_of(self, peer: int) -> str | None:
+        """``peer``'s host identity (``aiodist.runtime.host.host_id`` there), if known."""
+        return None
