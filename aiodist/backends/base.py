@@ -114,6 +114,11 @@ class Binding(Protocol):
         """Run the numbered collective ``op`` (``ctx``: its key and fingerprint); its Work.
 
         ``gate`` (a wrapping backend's) is awaited before the operation reads its inputs.
+
+        Raises:
+            DistTypeError / DistValueError: this backend cannot run the checked ``op`` (torch's
+                engine: PRODUCT on complex tensors); nothing started, and the group refuses
+                the call, giving its number back.
         """
         ...
 

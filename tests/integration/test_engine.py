@@ -256,6 +256,26 @@ async def test_torch_gloo_timeout_is_the_groups_and_starts_no_resync() -> None:
         await _close(fabric, engines)
 
 
+async def test_detail_mode_checks_engine_operations_before_torch_sees_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AIODIST_DEBUG", "DETAIL")
+    fabric, engines = await _engines(2)
+    try:
+        g0, g1 = engines[0].group, engines[1].group
+        ts = [torch.full((3,), 2.0), torch.full((3,), 5.0)]
+        await asyncio.gather(dist.all_reduce(ts[0], group=g0), dist.all_reduce(ts[1], group=g1))
+        assert [t.tolist() for t in ts] == [[7.0] * 3] * 2
+        # The ranks disagree (sizes): every rank says so, from the group's check of the
+        # fingerprints, and torch's engine is never given the mismatched call.
+        works = [dist.all_reduce(torch.ones(3), group=g0), dist.all_reduce(torch.ones(4), group=g1)]
+        for w in works:
+            with pytest.raises(dist.CollectiveMismatchError, match="all_reduce"):
+                await w
+    finally:
+        await _close(fabric, engines)
+
+
 async def test_engine_errors_are_classified_by_type_where_torch_has_one() -> None:
     fabric, engines = await _engines(1)
     try:
