@@ -62,8 +62,8 @@ class _Op:
     """Bookkeeping of one in-flight operation."""
 
     __slots__ = (
-        "cleanup", "deadline", "error", "future", "is_task", "key", "limit", "name", "started",
-        "survives_loss",
+        "cleanup", "deadline", "error", "future", "is_task", "key", "limit", "name", "on_timeout",
+        "started", "survives_loss",
     )  # fmt: skip
 
     def __init__(self, name: str, key: Key) -> None:
@@ -77,6 +77,10 @@ class _Op:
         self.started = False  # a task's body has run its first step
         self.cleanup: Callable[[], None] | None = None
         self.survives_loss = False  # a diagnostic that reports lost members itself
+        # What its deadline fails it with, for an operation its backend's own engine runs
+        # (``ProcessGroup.track_own``); None: a collective over the transport, whose timeout
+        # starts the members' exchange about where they stand.
+        self.on_timeout: Callable[[float], BaseException] | None = None
 
 
 def _describe_ranks(ranks: Sequence[int | None]) -> str:
@@ -284,6 +288,9 @@ class ProcessGroup:
             self._arm_deadline(soonest)
 
     def _timed_out(self, op: _Op, t: float) -> None:
+        if op.on_timeout is not None:
+            self._fail(op, op.on_timeout(t))
+            return
         waiting = self.transport.mailbox.waiting_on(op.key)
         if op.key[1] == COLL and self.size > 1 and not self.transport.closed:
             # Stop taking its data now; raise once the members said where they stand.
@@ -298,6 +305,10 @@ class ProcessGroup:
 
     def _give_up(self, op: _Op, note: str) -> None:
         """Time out the collective ``op`` before its deadline: a member gave up on it (``note``)."""
+        if op.on_timeout is not None:  # (not one the members exchange about)
+            op.deadline = math.inf
+            self._fail(op, op.on_timeout(op.limit or self.timeout))
+            return
         started = op.deadline - op.limit if op.deadline != math.inf else -math.inf
         op.deadline = math.inf
         waiting = self.transport.mailbox.waiting_on(op.key)
@@ -413,6 +424,27 @@ class ProcessGroup:
         self._track(op, fut, timeout)
         return Work(fut, name)
 
+    def track_own(
+        self,
+        name: str,
+        key: Key,
+        fut: asyncio.Future[Any],
+        timeout: float | None,
+        timed_out: Callable[[float], BaseException],
+    ) -> Work:
+        """Track an operation that the backend's own engine runs (torch's), completed by ``fut``.
+
+        The group's deadline (``timeout``, default the group's) fails it with
+        ``timed_out(seconds)``, and nothing more: aiodist's transport never carried it, so there
+        is no exchange about where the members stand and nothing to abandon. Losing a member of
+        the transport does not fail it either: the engine reports its own peers' failures.
+        """
+        op = _Op(name, key)
+        op.on_timeout = timed_out
+        op.survives_loss = True
+        self._track(op, fut, timeout)
+        return Work(fut, name)
+
     # -- point-to-point -------------------------------------------------------------------
     def _peer(self, rank: Any, arg: str, what: str) -> int:
         self.group_rank(rank, arg)
@@ -426,8 +458,8 @@ class ProcessGroup:
             raise DistTypeError(f"tag must be an int, got {type(tag).__name__}")
         return tag
 
-    def _p2p_args(self, what: str, peer: Any, tag: Any) -> tuple[int | None, int]:
-        """The checked peer and tag of a send (``what="send"``) or a receive."""
+    def p2p_args(self, what: str, peer: Any, tag: Any) -> tuple[int | None, int]:
+        """The checked peer (a global rank) and tag of a send (``what="send"``) or a receive."""
         self.check_usable(what)
         if peer is not None:
             peer = self._peer(peer, "dst" if what == "send" else "src", what)
@@ -443,15 +475,12 @@ class ProcessGroup:
         Returns:
             The tensor's memory as a numpy array (what the operation may be given instead).
         """
-        self._p2p_args(what, peer, tag)
+        self.p2p_args(what, peer, tag)
         return _tensors.as_array(tensor, arg="tensor", writable=what != "send")
 
     def send(self, tensor: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Work:
         """Send ``tensor`` to global rank ``dst``. Completes when ``tensor`` may be reused."""
-        own = self.runs_on.own_ops
-        if own is not None:
-            return own.send(tensor, dst, tag=tag, timeout=timeout)
-        peer, tag = self._p2p_args("send", dst, tag)
+        peer, tag = self.p2p_args("send", dst, tag)
         assert peer is not None
         b = self.runs_on.bind(self, "send")
         try:
@@ -460,9 +489,12 @@ class ProcessGroup:
         except BaseException:
             b.drop()
             raise
+        name = f"send to rank {peer} (tag {tag})"
+        own = self.runs_on.own_ops
+        if own is not None:  # carried by the backend's engine, not the transport
+            return b.complete(own.send(name, arr, peer, tag, timeout))
         key = (self.gid, P2P, tag)
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
-        name = f"send to rank {peer} (tag {tag})"
         try:
             sent = self.transport.send(peer, key, byte_view(arr), fp)
         except DistError as exc:
@@ -473,26 +505,26 @@ class ProcessGroup:
 
     def recv(self, tensor: Any, src: int | None = None, tag: int = 0, timeout: float | None = None) -> Work:
         """Receive into ``tensor`` from global rank ``src`` (None: any member). Result: the sender."""
-        own = self.runs_on.own_ops
-        if own is not None:
-            return own.recv(tensor, src, tag=tag, timeout=timeout)
-        src, tag = self._p2p_args("recv", src, tag)
+        src, tag = self.p2p_args("recv", src, tag)
         b = self.runs_on.bind(self, "recv")
         try:
             arr = b.tensor(tensor, arg="tensor", role=OUT, writable=True)
         except BaseException:
             b.drop()
             raise
+        name = f"recv from {'any rank' if src is None else f'rank {src}'} (tag {tag})"
+        own = self.runs_on.own_ops
+        if own is not None:  # carried by the backend's engine, not the transport
+            return b.complete(own.recv(name, arr, src, tag, timeout))
         key = (self.gid, P2P, tag)
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
-        name = f"recv from {'any rank' if src is None else f'rank {src}'} (tag {tag})"
         fut = self.transport.recv(src, key, byte_view(arr), fp)
         work = self._watch(name, key, fut, timeout, cleanup=lambda: self.transport.cancel_recv(fut))
         return b.complete(work)
 
     def batch_isend_irecv(self, p2p_op_list: Sequence[Any]) -> list[Work] | None:
-        """A backend that runs whole operations starts the list itself (NCCL coalesces it);
-        None: start them one by one."""
+        """A backend whose engine carries point-to-point operations may start the list itself
+        (NCCL coalesces it); None: start them one by one."""
         own = self.runs_on.own_ops
         return None if own is None else own.batch_isend_irecv(p2p_op_list)
 
@@ -573,7 +605,14 @@ class ProcessGroup:
             b.drop()
             raise
         if not detail_enabled():  # (the common path: no closure)
-            return b.start(ctx, op, timeout)
+            try:
+                return b.start(ctx, op, timeout)
+            except (DistTypeError, DistValueError):
+                # The backend cannot run this checked call (torch's engine: e.g. PRODUCT on
+                # complex tensors) and started nothing: refused, its number given back.
+                self._seq -= 1
+                b.drop()
+                raise
         return self._launch(ctx, lambda: b.start(ctx, op, timeout), timeout, b.drop)
 
     def run_collective(
@@ -620,41 +659,23 @@ class ProcessGroup:
 
     # -- tensor collectives (the async face documents them) --------------------------------------
     def barrier(self, timeout: float | None = None) -> Work:
-        own = self.runs_on.own_ops
-        if own is not None:
-            return own.barrier(timeout=timeout)
         return self._tensor_collective("barrier", timeout, _barrier)
 
     def broadcast(self, tensor: Any, src: int, timeout: float | None = None) -> Work:
-        own = self.runs_on.own_ops
-        if own is not None:
-            return own.broadcast(tensor, src, timeout=timeout)
         return self._tensor_collective("broadcast", timeout, _args.broadcast, tensor, src)
 
     def all_reduce(self, tensor: Any, op: Any = ReduceOp.SUM, timeout: float | None = None) -> Work:
-        own = self.runs_on.own_ops
-        if own is not None:
-            return own.all_reduce(tensor, op, timeout=timeout)
         return self._tensor_collective("all_reduce", timeout, _args.all_reduce, tensor, op)
 
     def reduce(self, tensor: Any, dst: int, op: Any = ReduceOp.SUM, timeout: float | None = None) -> Work:
-        own = self.runs_on.own_ops
-        if own is not None:
-            return own.reduce(tensor, dst, op, timeout=timeout)
         return self._tensor_collective("reduce", timeout, _args.reduce, tensor, dst, op)
 
     def all_gather(self, tensor_list: Any, tensor: Any, timeout: float | None = None) -> Work:
-        own = self.runs_on.own_ops
-        if own is not None:
-            return own.all_gather(tensor_list, tensor, timeout=timeout)
         return self._tensor_collective("all_gather", timeout, _args.all_gather, tensor_list, tensor)
 
     def all_gather_into_tensor(
         self, output_tensor: Any, input_tensor: Any, timeout: float | None = None
     ) -> Work:
-        own = self.runs_on.own_ops
-        if own is not None:
-            return own.all_gather_into_tensor(output_tensor, input_tensor, timeout=timeout)
         return self._tensor_collective(
             "all_gather_into_tensor",
             timeout,
@@ -664,23 +685,14 @@ class ProcessGroup:
         )
 
     def gather(self, tensor: Any, gather_list: Any, dst: int, timeout: float | None = None) -> Work:
-        own = self.runs_on.own_ops
-        if own is not None:
-            return own.gather(tensor, gather_list, dst, timeout=timeout)
         return self._tensor_collective("gather", timeout, _args.gather, tensor, gather_list, dst)
 
     def scatter(self, tensor: Any, scatter_list: Any, src: int, timeout: float | None = None) -> Work:
-        own = self.runs_on.own_ops
-        if own is not None:
-            return own.scatter(tensor, scatter_list, src, timeout=timeout)
         return self._tensor_collective("scatter", timeout, _args.scatter, tensor, scatter_list, src)
 
     def reduce_scatter(
         self, output: Any, input_list: Any, op: Any = ReduceOp.SUM, timeout: float | None = None
     ) -> Work:
-        own = self.runs_on.own_ops
-        if own is not None:
-            return own.reduce_scatter(output, input_list, op, timeout=timeout)
         return self._tensor_collective(
             "reduce_scatter", timeout, _args.reduce_scatter, output, input_list, op
         )
@@ -688,9 +700,6 @@ class ProcessGroup:
     def reduce_scatter_tensor(
         self, output: Any, input: Any, op: Any = ReduceOp.SUM, timeout: float | None = None
     ) -> Work:
-        own = self.runs_on.own_ops
-        if own is not None:
-            return own.reduce_scatter_tensor(output, input, op, timeout=timeout)
         return self._tensor_collective(
             "reduce_scatter_tensor",
             timeout,
@@ -703,9 +712,6 @@ class ProcessGroup:
     def all_to_all(
         self, output_tensor_list: Any, input_tensor_list: Any, timeout: float | None = None
     ) -> Work:
-        own = self.runs_on.own_ops
-        if own is not None:
-            return own.all_to_all(output_tensor_list, input_tensor_list, timeout=timeout)
         return self._tensor_collective(
             "all_to_all", timeout, _args.all_to_all, output_tensor_list, input_tensor_list
         )
@@ -718,11 +724,6 @@ class ProcessGroup:
         input_split_sizes: Any = None,
         timeout: float | None = None,
     ) -> Work:
-        own = self.runs_on.own_ops
-        if own is not None:
-            return own.all_to_all_single(
-                output, input, output_split_sizes, input_split_sizes, timeout=timeout
-            )
         return self._tensor_collective(
             "all_to_all_single",
             timeout,

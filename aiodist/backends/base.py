@@ -18,10 +18,15 @@ Which algorithm runs a collective is the native backend's choice, in one place
 (``aiodist.backends.native.algorithm``): a host-aware or hierarchical selection (shared memory
 among the ranks of one host, leaders across hosts) replaces that function, nothing else.
 
+What a timeout does is the backend's choice, by the group method that tracks its operation:
+``ProcessGroup.track_collective`` (aiodist's algorithms: the members then exchange where they
+stand, see ``aiodist._recovery``) or ``ProcessGroup.track_own`` (an engine of its own: a plain
+``DistTimeoutError``; the transport never carried the operation).
+
 Backends: ``NativeBackend`` (aiodist's algorithms over the group's transport), ``StagedBackend``
 (wraps another: device tensors through pinned host buffers) and the torch engine
-(``aiodist.backends.torch_engine``: torch's ProcessGroupNCCL/Gloo), which runs whole operations
-itself (``own_ops``) with its own checks.
+(``aiodist.backends.torch_engine``: torch's ProcessGroupNCCL/Gloo), which runs the checked ``Op``
+on torch's engine and carries point-to-point operations there too (``own_ops``).
 """
 
 from __future__ import annotations
@@ -109,6 +114,11 @@ class Binding(Protocol):
         """Run the numbered collective ``op`` (``ctx``: its key and fingerprint); its Work.
 
         ``gate`` (a wrapping backend's) is awaited before the operation reads its inputs.
+
+        Raises:
+            DistTypeError / DistValueError: this backend cannot run the checked ``op`` (torch's
+                engine: PRODUCT on complex tensors); nothing started, and the group refuses
+                the call, giving its number back.
         """
         ...
 
@@ -122,40 +132,15 @@ class Binding(Protocol):
 
 
 class TensorOps(Protocol):
-    """A backend that runs whole tensor operations itself (torch's engines), with the async
-    face's signatures; ranks are global ranks."""
+    """The point-to-point operations of a backend whose own engine carries them (torch's),
+    instead of the group's transport. The group has checked the arguments and named the
+    operation; ``arr`` is what the backend's binding gave for the tensor; ranks are global."""
 
-    def broadcast(self, tensor: Any, src: int, *, timeout: float | None = None) -> Work: ...
-    def all_reduce(self, tensor: Any, op: Any, *, timeout: float | None = None) -> Work: ...
-    def reduce(self, tensor: Any, dst: int, op: Any, *, timeout: float | None = None) -> Work: ...
-    def all_gather(self, tensor_list: Any, tensor: Any, *, timeout: float | None = None) -> Work: ...
-    def all_gather_into_tensor(
-        self, output_tensor: Any, input_tensor: Any, *, timeout: float | None = None
-    ) -> Work: ...
-    def gather(self, tensor: Any, gather_list: Any, dst: int, *, timeout: float | None = None) -> Work: ...
-    def scatter(self, tensor: Any, scatter_list: Any, src: int, *, timeout: float | None = None) -> Work: ...
-    def reduce_scatter(
-        self, output: Any, input_list: Any, op: Any, *, timeout: float | None = None
-    ) -> Work: ...
-    def reduce_scatter_tensor(
-        self, output: Any, input: Any, op: Any, *, timeout: float | None = None
-    ) -> Work: ...
-    def all_to_all(
-        self, output_tensor_list: Any, input_tensor_list: Any, *, timeout: float | None = None
-    ) -> Work: ...
-    def all_to_all_single(
-        self,
-        output: Any,
-        input: Any,
-        output_split_sizes: Any,
-        input_split_sizes: Any,
-        *,
-        timeout: float | None = None,
-    ) -> Work: ...
-    def barrier(self, *, timeout: float | None = None) -> Work: ...
-    def send(self, tensor: Any, dst: int, *, tag: int = 0, timeout: float | None = None) -> Work: ...
-    def recv(self, tensor: Any, src: int | None, *, tag: int = 0, timeout: float | None = None) -> Work: ...
-    def batch_isend_irecv(self, p2p_op_list: Sequence[Any]) -> list[Work]: ...
+    def send(self, name: str, arr: Array, dst: int, tag: int, timeout: float | None) -> Work: ...
+    def recv(self, name: str, arr: Array, src: int | None, tag: int, timeout: float | None) -> Work: ...
+    def batch_isend_irecv(self, p2p_op_list: Sequence[Any]) -> list[Work] | None:
+        """Start the whole list at once (NCCL coalesces it), or None: the group starts each."""
+        ...
 
 
 class Backend(Protocol):
@@ -163,8 +148,8 @@ class Backend(Protocol):
 
     @property
     def own_ops(self) -> TensorOps | None:
-        """What runs whole operations itself (torch's engines), or None: the group checks,
-        numbers and starts every operation through ``bind``."""
+        """What carries point-to-point operations (torch's engines), or None: the group's
+        transport does. Collectives always start through ``bind``."""
         ...
 
     def bind(self, group: ProcessGroup, what: str) -> Binding:

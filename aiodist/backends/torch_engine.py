@@ -12,8 +12,11 @@ adapter (``TorchEngine``) is the same for both; everything else is aiodist's:
   built off the loop's thread (``asyncio.to_thread``), never on it.
 - groups and ranks: a group is an aiodist ``ProcessGroup`` (global ranks for ``src``/``dst``,
   ``new_group``, non-members) whose backend (``TorchBackend``, given at its creation) runs its
-  tensor operations (``ProcessGroup`` hands them to ``own_ops``). The group's aiodist transport, connected as for "tcp", still carries object
-  collectives, ``monitored_barrier`` and DDP's construction exchange, and watches the peers.
+  tensor operations. The group checks their arguments (``aiodist.arguments``, with this
+  backend's device rules), numbers them and times them out, as on every backend; the engine
+  only translates the checked ``Op`` into torch's calls. The group's aiodist transport,
+  connected as for "tcp", still carries object collectives, ``monitored_barrier`` and DDP's
+  construction exchange, and watches the peers.
 - Work: each operation returns an aiodist ``Work`` on the runtime loop, completed from torch's
   future (``Future.then`` -> ``loop.call_soon_threadsafe``) or, where torch's work has no
   future (gloo's send/recv), from a thread blocked in ``work.wait()``; never by polling.
@@ -23,7 +26,9 @@ adapter (``TorchEngine``) is the same for both; everything else is aiodist's:
 Semantics kept from aiodist where the engines differ: AVG on integers truncates toward zero
 (SUM, then a division), ``all_to_all`` blocks may differ in size per pair (gloo wants equal
 ones: the blocks travel as one ``all_to_all_single``), and a ``timeout=`` fails the Work with
-``DistTimeoutError`` (the engine's own timeout is the group's).
+``DistTimeoutError`` from the group's deadline, with no resync exchange (the engine's own
+timeout is the group's). torch's errors become aiodist's by type where torch has one
+(``_error_class``).
 """
 
 from __future__ import annotations
@@ -40,7 +45,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from aiodist import _tensors
-from aiodist.backends.base import Binding, TensorOps
+from aiodist import arguments as _args
+from aiodist.backends.base import IN, OUT, Array, Binding, Gate, Op, Role, TensorOps
+from aiodist.collectives.context import OpContext
 from aiodist.errors import (
     DistError,
     DistNetworkError,
@@ -50,10 +57,11 @@ from aiodist.errors import (
     DistValueError,
 )
 from aiodist.group import ProcessGroup
-from aiodist.ops import ReduceOp, check_reduce
+from aiodist.ops import ReduceOp
 from aiodist.runtime.loop_thread import block_on
 from aiodist.store import Store
 from aiodist.store.blocking import StoreCalls
+from aiodist.transport.base import P2P, Key
 from aiodist.work import Work
 
 __all__ = ["ENGINE_BACKENDS", "TorchBackend", "TorchEngine", "check_available", "start_engine", "torch_store"]
@@ -221,7 +229,9 @@ async def start_engine(
 
 class TorchBackend:
     """A group's backend on torch's engine: given to the group at creation, connected by
-    ``connect`` (every member, at about the same time), then it runs whole operations.
+    ``connect`` (every member, at about the same time). The group checks, numbers and times
+    out every operation; the engine runs it (``bind``: collectives; ``own_ops``: the
+    point-to-point operations, which travel on torch's engine rather than the group's transport).
 
     Args:
         backend: "nccl" or "torch-gloo".
@@ -251,9 +261,11 @@ class TorchBackend:
         )
 
     def bind(self, group: ProcessGroup, what: str) -> Binding:
-        raise DistError(
-            f"{what} on rank {group.global_rank}: torch's engine of {group.name} is not connected"
-        )
+        if self.engine is None:
+            raise DistError(
+                f"{what} on rank {group.global_rank}: torch's engine of {group.name} is not connected"
+            )
+        return _EngineBinding(self.engine, what)
 
     def direct(self, obj: Any) -> bool:
         return False
@@ -263,7 +275,74 @@ class TorchBackend:
             await self.engine.aclose()
 
 
-# -- the adapter ------------------------------------------------------------------------------------
+# -- what the group's checks see ------------------------------------------------------------------
+
+
+class _EngineArray:
+    """A tensor argument as the group's checks see it on torch's engine: its dtype (numpy's),
+    its size, and slices of it (the blocks ``aiodist.arguments`` cuts), without viewing its
+    memory from numpy (a CUDA tensor stays on its device). ``tensor()``: the flat torch tensor
+    of those elements, sharing memory with the caller's."""
+
+    __slots__ = ("dtype", "flat", "start", "stop")
+
+    def __init__(self, flat: Any, dtype: np.dtype[Any], start: int, stop: int) -> None:
+        self.flat, self.dtype, self.start, self.stop = flat, dtype, start, stop
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, s: slice) -> _EngineArray:
+        start, stop, step = s.indices(self.size)
+        if step != 1:
+            raise DistValueError("a block of a tensor is a contiguous range of its elements")
+        return _EngineArray(self.flat, self.dtype, self.start + start, self.start + max(start, stop))
+
+    def tensor(self) -> Any:
+        return self.flat[self.start : self.stop]
+
+
+def _span(blocks: Sequence[Any]) -> Any:
+    """The one tensor that the consecutive blocks ``blocks`` of one argument cover (the group
+    cuts ``all_gather_into_tensor``'s output, ``reduce_scatter_tensor``'s input and both
+    tensors of ``all_to_all_single`` into such blocks; torch's engine takes them whole)."""
+    first, last = blocks[0], blocks[-1]
+    return first.flat[first.start : last.stop]
+
+
+class _EngineBinding:
+    """One operation's tensors on torch's engine: the device rules, then the tensor itself."""
+
+    __slots__ = ("device", "engine", "what")
+
+    def __init__(self, engine: TorchEngine, what: str) -> None:
+        self.engine = engine
+        self.what = what
+        self.device = _args.OneDevice()
+
+    def tensor(self, obj: Any, *, arg: str, role: Role, writable: bool) -> Array:
+        t = self.engine.tensor(obj, arg, writable=writable)
+        self.device.check(arg, str(t.device))
+        flat = t.reshape(-1)
+        return _EngineArray(flat, _tensors.numpy_dtype_for(t.dtype), 0, flat.numel())
+
+    def ready_now(self) -> None:
+        pass  # torch's engine orders its operations after the caller's work itself (NCCL: streams)
+
+    def start(self, ctx: OpContext, op: Op, timeout: float | None, gate: Gate | None = None) -> Work:
+        if gate is not None:
+            raise DistError(f"{self.what}: torch's engine runs on the caller's tensors; nothing may gate it")
+        return self.engine.start(ctx, op, self.what, timeout)
+
+    def complete(self, work: Work) -> Work:
+        return work
+
+    def drop(self) -> None:
+        pass
+
+
+# -- torch's errors -------------------------------------------------------------------------------
 
 
 def _error_of(fut: Any) -> BaseException | None:
@@ -282,12 +361,50 @@ def _wait_error(work: Any) -> BaseException | None:
     return None
 
 
-class TorchEngine:
-    """Runs the tensor operations of one aiodist group on a torch process group.
+def _error_class(td: Any, exc: BaseException) -> tuple[type[DistError], str]:
+    """aiodist's class for an error torch's engine reported, and what it says happened.
 
-    Its methods have the signatures of the async face's operations (``aiodist.all_reduce``...,
-    the ``TensorOps`` protocol); the ``ProcessGroup`` it serves calls them (``TorchBackend.own_ops``).
-    ``group`` arguments are ignored (the engine serves one group); ranks are global, as everywhere.
+    By type where torch has one (``torch.distributed.DistNetworkError``, ``DistStoreError``);
+    a timeout has no class in torch, and gloo reports every failure as a plain RuntimeError,
+    so those are read from their text (``_plain_error_class``).
+    """
+    if isinstance(exc, td.DistNetworkError):
+        return DistNetworkError, "lost a peer"
+    if isinstance(exc, td.DistStoreError):
+        return DistStoreError, "lost its store"
+    if type(exc) is RuntimeError or isinstance(exc, td.DistBackendError):
+        return _plain_error_class(str(exc))
+    return DistError, "failed"
+
+
+def _plain_error_class(text: str) -> tuple[type[DistError], str]:
+    """Classify an engine error that torch gives no type for, by its text.
+
+    gloo raises a plain RuntimeError for everything, and torch has no timeout class (NCCL's
+    watchdog reports a timeout as a DistBackendError). The messages recognised (torch 2.13):
+    gloo's "Timed out waiting <N>ms for recv operation to complete" and "Application timeout
+    caused pair closure" (timeouts), its "Connection closed by peer [addr]" and "Connection
+    reset by peer" (lost peers), and NCCL's "Watchdog caught collective operation timeout".
+    """
+    lower = text.lower()
+    if "timed out" in lower or "timeout" in lower:
+        return DistTimeoutError, "timed out"
+    if "closed" in lower or "reset" in lower or "peer" in lower:
+        return DistNetworkError, "lost a peer"
+    return DistError, "failed"
+
+
+# -- the adapter ------------------------------------------------------------------------------------
+
+
+class TorchEngine:
+    """Runs the checked, numbered operations of one aiodist group on a torch process group.
+
+    The group checks each operation's arguments, numbers it and times it out (``TorchBackend``'s
+    binding hands the checked ``Op`` to ``start``); the engine translates it into torch's calls,
+    fills in what torch's engines lack, and completes the Work from torch's future. Its
+    ``send``/``recv``/``batch_isend_irecv`` are the backend's ``own_ops``: point-to-point
+    operations travel on torch's engine, not on the group's transport.
 
     Attributes:
         backend: "nccl" or "torch-gloo".
@@ -302,7 +419,6 @@ class TorchEngine:
         self.group = group
         self.loop = group.loop
         self.device = device
-        self._seq = 0
         self._pending: set[asyncio.Future[Any]] = set()
         self._closed = False
         self._torch, self._td = _torch()
@@ -336,67 +452,24 @@ class TorchEngine:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(stop)
 
-    # -- arguments -----------------------------------------------------------------------------------
-    def _start_name(self, what: str, *, collective: bool = True) -> str:
-        """Check that the group is usable; the operation's name ("all_reduce #3": collectives are numbered)."""
-        self.group.check_usable(what)
-        if not collective:
-            return what
-        name = f"{what} #{self._seq}"
-        self._seq += 1
-        return name
+    # -- tensors ---------------------------------------------------------------------------------------
+    def tensor(self, obj: Any, arg: str, *, writable: bool) -> Any:
+        """``obj`` as a torch tensor on the engine's kind of device, sharing memory.
 
-    def _tensor(self, obj: Any, arg: str, *, writable: bool) -> Any:
-        """``obj`` as a torch tensor of the engine's device, sharing memory."""
+        Raises:
+            DistValueError: on another kind of device (``aiodist.arguments.check_device``), not
+                contiguous, read-only while ``writable`` (numpy).
+            DistTypeError: not a tensor, or an unsupported dtype.
+        """
         if isinstance(obj, np.ndarray):
-            if self.kind == "nccl":
-                raise self._wrong_device(arg, "cpu (a numpy array)")
+            _args.check_device(self.backend, arg, "cpu", "cpu (a numpy array)")
             return _tensors.to_torch(_tensors.as_array(obj, arg=arg, writable=writable).reshape(obj.shape))
         _tensors.check_tensor(obj, arg=arg)
-        if obj.device.type != ("cuda" if self.kind == "nccl" else "cpu"):
-            raise self._wrong_device(arg, str(obj.device))
+        _args.check_device(self.backend, arg, obj.device.type, str(obj.device))
         return obj.detach()
 
-    def _wrong_device(self, arg: str, where: str) -> DistValueError:
-        if self.kind == "nccl":
-            return DistValueError(
-                f"{arg} is on {where}, but backend 'nccl' runs CUDA tensors only: move it to this "
-                "rank's GPU (tensor.cuda()), or use backend 'tcp'"
-            )
-        return DistValueError(
-            f"{arg} is on {where}, but backend 'torch-gloo' runs CPU tensors only: use backend "
-            "'nccl' for CUDA tensors, or 'tcp' (which stages them through host memory)"
-        )
-
-    def _tensor_list(self, objs: Any, arg: str, *, writable: bool, length: int | None) -> list[Any]:
-        if not isinstance(objs, list | tuple):
-            raise DistTypeError(f"{arg} must be a list of tensors, got {type(objs).__qualname__}")
-        if length is not None and len(objs) != length:
-            raise DistValueError(f"{arg} must have one tensor per group member ({length}), got {len(objs)}")
-        return [self._tensor(o, f"{arg}[{i}]", writable=writable) for i, o in enumerate(objs)]
-
-    @staticmethod
-    def _one_device(named: Sequence[tuple[str, Any]]) -> None:
-        first: tuple[str, str] | None = None
-        for arg, t in named:
-            where = str(t.device)
-            if first is None:
-                first = (arg, where)
-            elif where != first[1]:
-                raise DistValueError(
-                    f"the tensors of one call must be on one device: {first[0]} is on {first[1]} "
-                    f"but {arg} is on {where}"
-                )
-
-    @staticmethod
-    def _same(arg: str, t: Any, like_arg: str, like: Any, *, numel: int | None = None) -> None:
-        if t.dtype != like.dtype:
-            raise DistTypeError(f"{arg} has dtype {t.dtype} but {like_arg} has {like.dtype}")
-        if numel is not None and t.numel() != numel:
-            raise DistValueError(f"{arg} has {t.numel()} elements but {numel} were expected")
-
     def _reduction(
-        self, op: Any, out: Any, inputs: Sequence[Any] = ()
+        self, rop: ReduceOp, out: Any, inputs: Sequence[Any] = ()
     ) -> tuple[Any, Any, list[Any], Callable[[], None] | None]:
         """What the engine runs for reducing into ``out``: ``(torch op, out, inputs, after)``.
 
@@ -406,7 +479,6 @@ class TorchEngine:
         arithmetic; NCCL reduces complex numbers as pairs of reals (SUM and AVG only).
         """
         torch = self._torch
-        rop = check_reduce(op, _tensors.numpy_dtype_for(out.dtype))
         if out.is_complex() and rop is ReduceOp.PRODUCT:
             raise DistTypeError(
                 f"ReduceOp.PRODUCT on complex tensors: torch's {self.kind} engine cannot compute it; use backend 'tcp'"
@@ -435,10 +507,183 @@ class TorchEngine:
         """The bytes of ``t`` (flat uint8): operations that only move data take every dtype so."""
         return t.reshape(-1).view(self._torch.uint8)
 
+    # -- collectives ---------------------------------------------------------------------------------
+    # Operations that only move data hand the engine the tensors' bytes (every dtype works, gloo's
+    # gaps included); reductions hand it the tensors themselves (see ``_reduction``).
+
+    def start(self, ctx: OpContext, op: Op, what: str, timeout: float | None) -> Work:
+        """Run the collective ``op`` the group checked and numbered (``ctx``) as the operation
+        ``what`` of the async face; its Work, timed out by the group.
+
+        Raises:
+            DistTypeError / DistValueError: the engine cannot run ``op`` (nothing started).
+            DistError: torch's engine failed to start it.
+        """
+        assert ctx.fp is not None
+        name = f"{ctx.fp[0]} #{ctx.fp[1]}"
+        opts, call, after = self._translate(op, what)
+        return self._run(name, ctx.key, opts, timeout, call, after=after)
+
+    def _translate(self, op: Op, what: str) -> tuple[Any, Callable[[Any], Any], Callable[[], None] | None]:
+        """torch's options, the call that issues ``op`` on the engine, and what follows its completion."""
+        c10d, pg = self._c10d, self.pg
+        outs = [a.tensor() for a in op.outputs]
+        ins = [a.tensor() for a in op.inputs]
+        rop = op.reduce_op or ReduceOp.SUM
+        opts: Any
+        match op.kind:
+            case "barrier":
+                opts = c10d.BarrierOptions()
+                if self.device is not None:
+                    opts.device_ids = [self.device.index]
+                return opts, lambda o: pg.barrier(o), None
+            case "broadcast":
+                opts = c10d.BroadcastOptions()
+                opts.rootRank, opts.rootTensor = op.root, 0
+                t = self._bytes(outs[0])
+                return opts, lambda o: pg.broadcast([t], o), None
+            case "all_reduce":
+                opts = c10d.AllreduceOptions()
+                opts.reduceOp, t_e, _, after = self._reduction(rop, outs[0])
+                return opts, lambda o: pg.allreduce([t_e], o), after
+            case "reduce":
+                opts = c10d.ReduceOptions()
+                opts.reduceOp, t_e, _, after = self._reduction(rop, outs[0])
+                if self.group.rank != op.root:
+                    # An engine may use a non-root's buffer as scratch; aiodist leaves it untouched.
+                    t_e, after = t_e.clone(), None
+                opts.rootRank, opts.rootTensor = op.root, 0
+                return opts, lambda o: pg.reduce([t_e], o), after
+            case "all_gather":
+                opts = c10d.AllgatherOptions()
+                in_b = self._bytes(ins[0])
+                if what == "all_gather_into_tensor":
+                    out_b = self._bytes(_span(op.outputs))
+                    return opts, lambda o: pg._allgather_base(out_b, in_b, o), None
+                outs_b = [self._bytes(t) for t in outs]
+                return opts, lambda o: pg.allgather([outs_b], [in_b], o), None
+            case "gather":
+                opts = c10d.GatherOptions()
+                opts.rootRank = op.root
+                gathered = [[self._bytes(t) for t in outs]] if outs else []
+                in_b = self._bytes(ins[0])
+                return opts, lambda o: pg.gather(gathered, [in_b], o), None
+            case "scatter":
+                opts = c10d.ScatterOptions()
+                opts.rootRank = op.root
+                scattered = [[self._bytes(t) for t in ins]] if ins else []
+                out_b = self._bytes(outs[0])
+                return opts, lambda o: pg.scatter([out_b], scattered, o), None
+            case "reduce_scatter":
+                opts = c10d.ReduceScatterOptions()
+                if what == "reduce_scatter_tensor":
+                    opts.reduceOp, out_e, (inp_e,), after = self._reduction(rop, outs[0], [_span(op.inputs)])
+                    out_f, inp_f = out_e.reshape(-1), inp_e.reshape(-1)
+                    return opts, lambda o: pg._reduce_scatter_base(out_f, inp_f, o), after
+                opts.reduceOp, out_e, ins_e, after = self._reduction(rop, outs[0], ins)
+                return opts, lambda o: pg.reduce_scatter([out_e], [ins_e], o), after
+            case "all_to_all":
+                return self._all_to_all(op, what, outs, ins)
+
+    def _all_to_all(
+        self, op: Op, what: str, outs: list[Any], ins: list[Any]
+    ) -> tuple[Any, Callable[[Any], Any], Callable[[], None] | None]:
+        """Blocks of any size per pair (gloo's own all_to_all wants equal ones), in one exchange
+        of bytes cut by split sizes: ``all_to_all_single``'s tensors as they are, the blocks of
+        ``all_to_all`` gathered into one buffer each way."""
+        torch, pg = self._torch, self.pg
+        opts = self._c10d.AllToAllOptions()
+        out_splits = [t.numel() * t.element_size() for t in outs]
+        in_splits = [t.numel() * t.element_size() for t in ins]
+        if what == "all_to_all_single":
+            out_b, in_b = self._bytes(_span(op.outputs)), self._bytes(_span(op.inputs))
+            return opts, lambda o: pg.alltoall_base(out_b, in_b, out_splits, in_splits, o), None
+        flat_in = torch.cat([self._bytes(t) for t in ins])
+        flat_out = torch.empty(sum(out_splits), dtype=torch.uint8, device=flat_in.device)
+
+        def unpack() -> None:
+            for t, block in zip(outs, torch.split(flat_out, out_splits), strict=True):
+                self._bytes(t).copy_(block)
+
+        return opts, lambda o: pg.alltoall_base(flat_out, flat_in, out_splits, in_splits, o), unpack
+
+    # -- point-to-point (``TorchBackend.own_ops``) ------------------------------------------------------
+    def send(self, name: str, arr: Array, dst: int, tag: int, timeout: float | None) -> Work:
+        """Send ``arr`` (the binding's view, checked by the group) to global rank ``dst``."""
+        peer = self.group.group_rank(dst, "dst")
+        t = self._bytes(arr.tensor())
+        key = (self.group.gid, P2P, tag)
+        return self._run(name, key, None, timeout, lambda _: self.pg.send([t], peer, tag))
+
+    def recv(self, name: str, arr: Array, src: int | None, tag: int, timeout: float | None) -> Work:
+        """Receive into ``arr`` from global rank ``src`` (None: any member); the Work's result is the sender."""
+        if src is None and self.kind == "nccl":
+            raise DistValueError("recv: backend 'nccl' cannot receive from any source; pass src")
+        t = self._bytes(arr.tensor())
+        key = (self.group.gid, P2P, tag)
+        if src is None:
+            ranks = self.group.ranks
+            return self._run(
+                name,
+                key,
+                None,
+                timeout,
+                lambda _: self.pg.recv_anysource([t], tag),
+                result=lambda work: ranks[work._source_rank()],
+            )
+        peer = self.group.group_rank(src, "src")
+        return self._run(
+            name, key, None, timeout, lambda _: self.pg.recv([t], peer, tag), result=lambda _: src
+        )
+
+    def batch_isend_irecv(self, p2p_op_list: Sequence[Any]) -> list[Work] | None:
+        """NCCL: start every send and receive of the list as one coalesced group (unless
+        coalesced, a send and a receive between one pair could wait for each other). Other
+        engines: None, the group starts them one by one."""
+        if self.kind != "nccl":
+            return None
+        name = f"batch_isend_irecv of {len(p2p_op_list)}"
+        self.group.check_usable(name)
+        issue = [self._p2p_call(p) for p in p2p_op_list]
+        self._coalescing("_start_coalescing")
+        try:
+            for call in issue:
+                call()
+        finally:
+            coalesced = self._coalescing("_end_coalescing")
+        # The coalesced work stands for all of them.
+        shared = self._watch(coalesced, name, (self.group.gid, P2P, 0), None)
+        return [shared for _ in issue]
+
+    def _coalescing(self, method: str) -> Any:
+        fn = getattr(self.pg, method)
+        try:
+            return fn(self.device)
+        except TypeError:  # torch builds differ on whether these take the device
+            return fn()
+
+    def _p2p_call(self, p: Any) -> Callable[[], Any]:
+        """One checked operation of a coalesced list, ready to issue."""
+        peer = p.peer if p.group_peer is None else self.group.ranks[p.group_peer]
+        sending = getattr(p.op, "__name__", "") in ("isend", "send")
+        if peer is None:
+            raise DistValueError("batch_isend_irecv on backend 'nccl' needs a peer for every receive")
+        peer, tag = self.group.p2p_args("send" if sending else "recv", peer, p.tag)
+        assert peer is not None
+        r = self.group.group_rank(peer)
+        arr = _EngineBinding(self, "batch_isend_irecv").tensor(
+            p.tensor, arg="tensor", role=IN if sending else OUT, writable=not sending
+        )
+        t = self._bytes(arr.tensor())
+        if sending:
+            return lambda: self.pg.send([t], r, tag)
+        return lambda: self.pg.recv([t], r, tag)
+
     # -- running -------------------------------------------------------------------------------------
     def _run(
         self,
         name: str,
+        key: Key,
         opts: Any,
         timeout: float | None,
         call: Callable[[Any], Any],
@@ -458,18 +703,19 @@ class TorchEngine:
             raise DistError(
                 f"{name} on rank {self.group.global_rank}: torch's {self.kind} engine: {exc}"
             ) from exc
-        return self._watch(work, name, timeout, after=after, result=result)
+        return self._watch(work, name, key, timeout, after=after, result=result)
 
     def _watch(
         self,
         work: Any,
         name: str,
+        key: Key,
         timeout: float | None,
         *,
         after: Callable[[], None] | None = None,
         result: Callable[[Any], Any] | None = None,
     ) -> Work:
-        """An aiodist Work completed by torch's ``work``."""
+        """An aiodist Work completed by torch's ``work``, timed out by the group."""
         loop = self.loop
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending.add(fut)
@@ -490,11 +736,7 @@ class TorchEngine:
             threading.Thread(
                 target=lambda: signal(_wait_error(work)), name=f"aiodist-engine {name}", daemon=True
             ).start()
-        t = self.group.timeout if timeout is None else timeout
-        if t is not None and 0 < t < float("inf"):
-            timer = loop.call_later(t, self._timed_out, fut, name, t)
-            fut.add_done_callback(lambda _: timer.cancel())
-        return Work(fut, name)
+        return self.group.track_own(name, key, fut, timeout, lambda t: self._timeout_error(name, t))
 
     def _settle(
         self,
@@ -523,372 +765,18 @@ class TorchEngine:
         except Exception as exc:
             fut.set_exception(self._map_error(exc, name))
 
-    def _timed_out(self, fut: asyncio.Future[Any], name: str, t: float) -> None:
-        if not fut.done():
-            fut.set_exception(
-                DistTimeoutError(
-                    f"{name} on rank {self.group.global_rank} ({self.group.name}) reached its timeout of {t:g} s "
-                    f"in torch's {self.kind} engine"
-                )
-            )
+    def _timeout_error(self, name: str, t: float) -> DistTimeoutError:
+        """What the group fails an operation with at its deadline: no resync exchange follows
+        (aiodist's transport never carried it; torch's engine abandons it itself)."""
+        return DistTimeoutError(
+            f"{name} on rank {self.group.global_rank} ({self.group.name}) reached its timeout of {t:g} s "
+            f"in torch's {self.kind} engine"
+        )
 
     def _map_error(self, exc: BaseException, name: str) -> DistError:
-        text = str(exc)
-        lower = text.lower()
-        where = f"{name} on rank {self.group.global_rank} ({self.group.name})"
-        err: DistError
-        if "timed out" in lower or "timeout" in lower:
-            err = DistTimeoutError(f"{where} timed out in torch's {self.kind} engine: {text}")
-        elif "closed" in lower or "reset" in lower or "peer" in lower:
-            err = DistNetworkError(f"{where} lost a peer in torch's {self.kind} engine: {text}")
-        else:
-            err = DistError(f"{where} failed in torch's {self.kind} engine: {text}")
+        cls, what = _error_class(self._td, exc)
+        err = cls(
+            f"{name} on rank {self.group.global_rank} ({self.group.name}) {what} in torch's {self.kind} engine: {exc}"
+        )
         err.__cause__ = exc
         return err
-
-    # -- collectives ---------------------------------------------------------------------------------
-    # Operations that only move data hand the engine the tensors' bytes (every dtype works, gloo's
-    # gaps included); reductions hand it the tensors themselves (see ``_reduction``).
-
-    def broadcast(self, tensor: Any, src: int, group: Any = None, *, timeout: float | None = None) -> Work:
-        name = self._start_name("broadcast")
-        root = self.group.group_rank(src, "src")
-        t = self._bytes(self._tensor(tensor, "tensor", writable=self.group.rank != root))
-        opts = self._c10d.BroadcastOptions()
-        opts.rootRank, opts.rootTensor = root, 0
-        return self._run(name, opts, timeout, lambda o: self.pg.broadcast([t], o))
-
-    def all_reduce(
-        self, tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, *, timeout: float | None = None
-    ) -> Work:
-        name = self._start_name("all_reduce")
-        t = self._tensor(tensor, "tensor", writable=True)
-        opts = self._c10d.AllreduceOptions()
-        opts.reduceOp, t_e, _, after = self._reduction(op, t)
-        return self._run(name, opts, timeout, lambda o: self.pg.allreduce([t_e], o), after=after)
-
-    def reduce(
-        self,
-        tensor: Any,
-        dst: int,
-        op: Any = ReduceOp.SUM,
-        group: Any = None,
-        *,
-        timeout: float | None = None,
-    ) -> Work:
-        name = self._start_name("reduce")
-        root = self.group.group_rank(dst, "dst")
-        is_root = self.group.rank == root
-        t = self._tensor(tensor, "tensor", writable=is_root)
-        opts = self._c10d.ReduceOptions()
-        opts.reduceOp, t_e, _, after = self._reduction(op, t)
-        if not is_root:
-            # An engine may use a non-root's buffer as scratch; aiodist leaves it untouched.
-            t_e, after = t_e.clone(), None
-        opts.rootRank, opts.rootTensor = root, 0
-        return self._run(name, opts, timeout, lambda o: self.pg.reduce([t_e], o), after=after)
-
-    def all_gather(
-        self, tensor_list: Any, tensor: Any, group: Any = None, *, timeout: float | None = None
-    ) -> Work:
-        name = self._start_name("all_gather")
-        inp = self._tensor(tensor, "tensor", writable=False)
-        outs = self._tensor_list(tensor_list, "tensor_list", writable=True, length=self.group.size)
-        for i, o in enumerate(outs):
-            self._same(f"tensor_list[{i}]", o, "tensor", inp, numel=inp.numel())
-        self._one_device([("tensor", inp), *((f"tensor_list[{i}]", o) for i, o in enumerate(outs))])
-        out_b, in_b = [self._bytes(o) for o in outs], self._bytes(inp)
-        return self._run(
-            name, self._c10d.AllgatherOptions(), timeout, lambda o: self.pg.allgather([out_b], [in_b], o)
-        )
-
-    def all_gather_into_tensor(
-        self, output_tensor: Any, input_tensor: Any, group: Any = None, *, timeout: float | None = None
-    ) -> Work:
-        name = self._start_name("all_gather_into_tensor")
-        inp = self._tensor(input_tensor, "input_tensor", writable=False)
-        out = self._tensor(output_tensor, "output_tensor", writable=True)
-        self._same("output_tensor", out, "input_tensor", inp, numel=inp.numel() * self.group.size)
-        self._one_device([("output_tensor", out), ("input_tensor", inp)])
-        out_b, in_b = self._bytes(out), self._bytes(inp)
-        return self._run(
-            name, self._c10d.AllgatherOptions(), timeout, lambda o: self.pg._allgather_base(out_b, in_b, o)
-        )
-
-    all_gather_single = all_gather_into_tensor
-
-    def gather(
-        self,
-        tensor: Any,
-        gather_list: Any = None,
-        dst: int = 0,
-        group: Any = None,
-        *,
-        timeout: float | None = None,
-    ) -> Work:
-        name = self._start_name("gather")
-        root = self.group.group_rank(dst, "dst")
-        inp = self._tensor(tensor, "tensor", writable=False)
-        outputs: list[list[Any]] = []
-        if self.group.rank == root:
-            if gather_list is None:
-                raise DistValueError("gather: gather_list is required on the destination rank")
-            outs = self._tensor_list(gather_list, "gather_list", writable=True, length=self.group.size)
-            for i, o in enumerate(outs):
-                self._same(f"gather_list[{i}]", o, "tensor", inp, numel=inp.numel())
-            self._one_device([("tensor", inp), *((f"gather_list[{i}]", o) for i, o in enumerate(outs))])
-            outputs = [[self._bytes(o) for o in outs]]
-        elif gather_list:
-            raise DistValueError("gather: gather_list must not be given on ranks other than dst")
-        opts = self._c10d.GatherOptions()
-        opts.rootRank = root
-        in_b = self._bytes(inp)
-        return self._run(name, opts, timeout, lambda o: self.pg.gather(outputs, [in_b], o))
-
-    def scatter(
-        self,
-        tensor: Any,
-        scatter_list: Any = None,
-        src: int = 0,
-        group: Any = None,
-        *,
-        timeout: float | None = None,
-    ) -> Work:
-        name = self._start_name("scatter")
-        root = self.group.group_rank(src, "src")
-        out = self._tensor(tensor, "tensor", writable=True)
-        inputs: list[list[Any]] = []
-        if self.group.rank == root:
-            if scatter_list is None:
-                raise DistValueError("scatter: scatter_list is required on the source rank")
-            ins = self._tensor_list(scatter_list, "scatter_list", writable=False, length=self.group.size)
-            for i, t in enumerate(ins):
-                self._same(f"scatter_list[{i}]", t, "tensor", out, numel=out.numel())
-            self._one_device([("tensor", out), *((f"scatter_list[{i}]", t) for i, t in enumerate(ins))])
-            inputs = [[self._bytes(t) for t in ins]]
-        elif scatter_list:
-            raise DistValueError("scatter: scatter_list must not be given on ranks other than src")
-        opts = self._c10d.ScatterOptions()
-        opts.rootRank = root
-        out_b = self._bytes(out)
-        return self._run(name, opts, timeout, lambda o: self.pg.scatter([out_b], inputs, o))
-
-    def reduce_scatter(
-        self,
-        output: Any,
-        input_list: Any,
-        op: Any = ReduceOp.SUM,
-        group: Any = None,
-        *,
-        timeout: float | None = None,
-    ) -> Work:
-        name = self._start_name("reduce_scatter")
-        out = self._tensor(output, "output", writable=True)
-        ins = self._tensor_list(input_list, "input_list", writable=False, length=self.group.size)
-        for i, t in enumerate(ins):
-            self._same(f"input_list[{i}]", t, "output", out, numel=out.numel())
-        self._one_device([("output", out), *((f"input_list[{i}]", t) for i, t in enumerate(ins))])
-        opts = self._c10d.ReduceScatterOptions()
-        opts.reduceOp, out_e, ins_e, after = self._reduction(op, out, [t.view(out.shape) for t in ins])
-        return self._run(
-            name, opts, timeout, lambda o: self.pg.reduce_scatter([out_e], [ins_e], o), after=after
-        )
-
-    def reduce_scatter_tensor(
-        self,
-        output: Any,
-        input: Any,
-        op: Any = ReduceOp.SUM,
-        group: Any = None,
-        *,
-        timeout: float | None = None,
-    ) -> Work:
-        name = self._start_name("reduce_scatter_tensor")
-        out = self._tensor(output, "output", writable=True)
-        inp = self._tensor(input, "input", writable=False)
-        self._same("input", inp, "output", out, numel=out.numel() * self.group.size)
-        self._one_device([("output", out), ("input", inp)])
-        opts = self._c10d.ReduceScatterOptions()
-        opts.reduceOp, out_e, (inp_e,), after = self._reduction(op, out, [inp])
-        out_f, inp_f = out_e.reshape(-1), inp_e.reshape(-1)
-        return self._run(
-            name, opts, timeout, lambda o: self.pg._reduce_scatter_base(out_f, inp_f, o), after=after
-        )
-
-    reduce_scatter_single = reduce_scatter_tensor
-
-    def all_to_all(
-        self,
-        output_tensor_list: Any,
-        input_tensor_list: Any,
-        group: Any = None,
-        *,
-        timeout: float | None = None,
-    ) -> Work:
-        name = self._start_name("all_to_all")
-        n = self.group.size
-        ins = self._tensor_list(input_tensor_list, "input_tensor_list", writable=False, length=n)
-        outs = self._tensor_list(output_tensor_list, "output_tensor_list", writable=True, length=n)
-        for i, t in enumerate(outs):
-            self._same(f"output_tensor_list[{i}]", t, "input_tensor_list[0]", ins[0])
-        for i, t in enumerate(ins):
-            self._same(f"input_tensor_list[{i}]", t, "input_tensor_list[0]", ins[0])
-        self._one_device(
-            [*((f"input_tensor_list[{i}]", t) for i, t in enumerate(ins))]
-            + [(f"output_tensor_list[{i}]", t) for i, t in enumerate(outs)]
-        )
-        # Blocks of any size per pair (gloo's own all_to_all wants equal ones), in one exchange:
-        # the bytes of every block in one buffer each way, cut by split sizes.
-        torch = self._torch
-        flat_in = torch.cat([self._bytes(t) for t in ins])
-        in_splits = [t.numel() * t.element_size() for t in ins]
-        out_splits = [t.numel() * t.element_size() for t in outs]
-        flat_out = torch.empty(sum(out_splits), dtype=torch.uint8, device=flat_in.device)
-
-        def unpack() -> None:
-            for t, block in zip(outs, torch.split(flat_out, out_splits), strict=True):
-                self._bytes(t).copy_(block)
-
-        return self._run(
-            name,
-            self._c10d.AllToAllOptions(),
-            timeout,
-            lambda o: self.pg.alltoall_base(flat_out, flat_in, out_splits, in_splits, o),
-            after=unpack,
-        )
-
-    def all_to_all_single(
-        self,
-        output: Any,
-        input: Any,
-        output_split_sizes: Any = None,
-        input_split_sizes: Any = None,
-        group: Any = None,
-        *,
-        timeout: float | None = None,
-    ) -> Work:
-        name = self._start_name("all_to_all_single")
-        out = self._tensor(output, "output", writable=True)
-        inp = self._tensor(input, "input", writable=False)
-        self._same("output", out, "input", inp)
-        self._one_device([("output", out), ("input", inp)])
-        # In bytes: the split sizes (rows along dim 0) become byte counts.
-        osz = self._byte_splits(output_split_sizes, "output_split_sizes", out)
-        isz = self._byte_splits(input_split_sizes, "input_split_sizes", inp)
-        out_b, in_b = self._bytes(out), self._bytes(inp)
-        return self._run(
-            name,
-            self._c10d.AllToAllOptions(),
-            timeout,
-            lambda o: self.pg.alltoall_base(out_b, in_b, osz, isz, o),
-        )
-
-    def _byte_splits(self, sizes: Any, arg: str, t: Any) -> list[int]:
-        if sizes is None or (isinstance(sizes, list | tuple) and not sizes):
-            return []
-        rows = t.shape[0] if t.dim() else 1
-        row_bytes = (t.numel() // rows if rows else 0) * t.element_size()
-        try:
-            splits = [int(s) for s in sizes]
-        except (TypeError, ValueError):
-            raise DistTypeError(f"{arg} must be a list of ints, got {sizes!r}") from None
-        if len(splits) != self.group.size:
-            raise DistValueError(
-                f"{arg} must have one entry per group member ({self.group.size}), got {len(splits)}"
-            )
-        if sum(splits) != rows or min(splits) < 0:
-            raise DistValueError(
-                f"{arg} {splits} must be non-negative and sum to the {rows} rows of the tensor"
-            )
-        return [s * row_bytes for s in splits]
-
-    def barrier(self, group: Any = None, *, timeout: float | None = None) -> Work:
-        name = self._start_name("barrier")
-        opts = self._c10d.BarrierOptions()
-        if self.device is not None:
-            opts.device_ids = [self.device.index]
-        return self._run(name, opts, timeout, lambda o: self.pg.barrier(o))
-
-    # -- point-to-point ------------------------------------------------------------------------------
-    def _peer(self, rank: Any, arg: str, what: str) -> int:
-        r = self.group.group_rank(rank, arg)
-        if r == self.group.rank:
-            raise DistValueError(f"{what}: {arg}={rank} is this process's own rank")
-        return r
-
-    def send(
-        self, tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: float | None = None
-    ) -> Work:
-        name = self._start_name(f"send to rank {dst} (tag {tag})", collective=False)
-        peer = self._peer(dst, "dst", "send")
-        t = self._bytes(self._tensor(tensor, "tensor", writable=False))
-        return self._run(name, None, timeout, lambda _: self.pg.send([t], peer, int(tag)))
-
-    def recv(
-        self,
-        tensor: Any,
-        src: int | None = None,
-        group: Any = None,
-        tag: int = 0,
-        *,
-        timeout: float | None = None,
-    ) -> Work:
-        name = self._start_name(
-            f"recv from {'any rank' if src is None else f'rank {src}'} (tag {tag})", collective=False
-        )
-        t = self._bytes(self._tensor(tensor, "tensor", writable=True))
-        if src is None and self.kind == "nccl":
-            raise DistValueError("recv: backend 'nccl' cannot receive from any source; pass src")
-        if src is None:
-            ranks = self.group.ranks
-            return self._run(
-                name,
-                None,
-                timeout,
-                lambda _: self.pg.recv_anysource([t], int(tag)),
-                result=lambda work: ranks[work._source_rank()],
-            )
-        peer = self._peer(src, "src", "recv")
-        return self._run(
-            name, None, timeout, lambda _: self.pg.recv([t], peer, int(tag)), result=lambda _: src
-        )
-
-    isend = send
-    irecv = recv
-
-    def batch_isend_irecv(self, p2p_op_list: Sequence[Any]) -> list[Work]:
-        """Start every send and receive of the list; NCCL runs them as one coalesced group."""
-        if self.kind != "nccl":
-            return [self._p2p(p) for p in p2p_op_list]
-        # NCCL: unless coalesced, a send and a receive between one pair could wait for each other.
-        name = self._start_name(f"batch_isend_irecv of {len(p2p_op_list)}", collective=False)
-        issue = [self._p2p(p, issue_only=True) for p in p2p_op_list]
-        self._coalescing("_start_coalescing")
-        try:
-            for call in issue:
-                call()
-        finally:
-            coalesced = self._coalescing("_end_coalescing")
-        shared = self._watch(coalesced, name, None)  # the coalesced work stands for all of them
-        return [shared for _ in issue]
-
-    def _coalescing(self, method: str) -> Any:
-        fn = getattr(self.pg, method)
-        try:
-            return fn(self.device)
-        except TypeError:  # torch builds differ on whether these take the device
-            return fn()
-
-    def _p2p(self, p: Any, *, issue_only: bool = False) -> Any:
-        peer = p.peer if p.group_peer is None else self.group.ranks[p.group_peer]
-        sending = getattr(p.op, "__name__", "") in ("isend", "send")
-        if not issue_only:
-            return self.send(p.tensor, peer, tag=p.tag) if sending else self.recv(p.tensor, peer, tag=p.tag)
-        if peer is None:
-            raise DistValueError("batch_isend_irecv on backend 'nccl' needs a peer for every receive")
-        r = self._peer(peer, "peer", "batch_isend_irecv")
-        t = self._bytes(self._tensor(p.tensor, "tensor", writable=not sending))
-        tag = int(p.tag)
-        if sending:
-            return lambda: self.pg.send([t], r, tag)
-        return lambda: self.pg.recv([t], r, tag)

@@ -141,18 +141,168 @@ async def test_destroying_an_engine_fails_its_pending_work() -> None:
 
 
 async def test_nccl_rules_without_a_gpu() -> None:
-    # The device rules of the adapter, on an engine that is never started.
-    _, groups = memory_world(1)
-    engine = _engine.TorchEngine("nccl", None, groups[0])
-    with pytest.raises(
-        dist.DistValueError, match=r"tensor is on cpu, but backend 'nccl' runs CUDA tensors only"
-    ):
-        engine.all_reduce(torch.zeros(2))
-    with pytest.raises(dist.DistValueError, match=r"numpy array.*'nccl' runs CUDA tensors only"):
-        engine.broadcast(np.zeros(2), 0)
-    gloo = _engine.TorchEngine("torch-gloo", None, groups[0])
-    with pytest.raises(dist.DistValueError, match="'torch-gloo' runs CPU tensors only"):
-        gloo.all_reduce(torch.zeros(2, device="meta"))
+    # The device rules of the backend, on an engine that is never started: the group refuses the
+    # call while it checks the arguments, before anything reaches torch.
+    for backend in ("nccl", "torch-gloo"):
+        b = _engine.TorchBackend(backend, HashStore(), host="127.0.0.1")
+        _, (g,) = backend_world([b])
+        b.engine = _engine.TorchEngine(backend, None, g)
+        if backend == "nccl":
+            with pytest.raises(
+                dist.DistValueError, match=r"tensor is on cpu, but backend 'nccl' runs CUDA tensors only"
+            ):
+                dist.all_reduce(torch.zeros(2), group=g)
+            with pytest.raises(dist.DistValueError, match=r"numpy array.*'nccl' runs CUDA tensors only"):
+                dist.broadcast(np.zeros(2), 0, group=g)
+            with pytest.raises(dist.DistValueError, match=r"input_tensor is on cpu.*'nccl'"):
+                dist.all_gather_into_tensor(torch.zeros(2), torch.zeros(2), group=g)
+        else:
+            with pytest.raises(dist.DistValueError, match="'torch-gloo' runs CPU tensors only"):
+                dist.all_reduce(torch.zeros(2, device="meta"), group=g)
+            with pytest.raises(dist.DistValueError, match=r"tensor_list\[0\] is on meta.*'torch-gloo'"):
+                dist.all_gather([torch.zeros(1, device="meta")], torch.zeros(1), group=g)
+
+
+# -- the group's checks, numbering and timeouts, shared with every backend -------------------------
+
+
+def _bad_calls(g: Any) -> list[tuple[str, Any]]:
+    """Calls that every backend refuses while the group checks them (group ``g`` of 2 ranks, on rank 0)."""
+    z = torch.zeros
+    return [
+        ("broadcast src", lambda: dist.broadcast(z(2), 5, group=g)),
+        ("all_reduce op", lambda: dist.all_reduce(z(2), dist.ReduceOp.BXOR, group=g)),
+        ("all_reduce dtype", lambda: dist.all_reduce(z(2, dtype=torch.uint32), group=g)),
+        ("all_reduce strided", lambda: dist.all_reduce(z(3, 3).t(), group=g)),
+        ("all_reduce type", lambda: dist.all_reduce([1.0], group=g)),
+        ("all_gather length", lambda: dist.all_gather([z(1)], z(1), group=g)),
+        ("all_gather dtype", lambda: dist.all_gather([z(1), z(1, dtype=torch.int32)], z(1), group=g)),
+        ("all_gather size", lambda: dist.all_gather([z(1), z(2)], z(1), group=g)),
+        ("into_tensor size", lambda: dist.all_gather_into_tensor(z(3), z(2), group=g)),
+        ("gather list on root", lambda: dist.gather(z(1), None, 0, group=g)),
+        ("gather list off root", lambda: dist.gather(z(1), [z(1), z(1)], 1, group=g)),
+        ("scatter list", lambda: dist.scatter(z(1), None, 0, group=g)),
+        ("reduce_scatter", lambda: dist.reduce_scatter(z(2), [z(2), z(3)], group=g)),
+        ("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(z(2), z(5), group=g)),
+        ("all_to_all own block", lambda: dist.all_to_all([z(1), z(1)], [z(2), z(1)], group=g)),
+        ("all_to_all_single uneven", lambda: dist.all_to_all_single(z(3), z(3), group=g)),
+        ("all_to_all_single splits", lambda: dist.all_to_all_single(z(3), z(3), [1, 1], [2, 1], group=g)),
+        ("send to self", lambda: dist.send(z(1), 0, group=g)),
+        ("send tag", lambda: dist.send(z(1), 1, group=g, tag="x")),
+        ("recv src", lambda: dist.recv(z(1), 7, group=g)),
+    ]
+
+
+def _refusal(call: Any) -> tuple[type[BaseException], str]:
+    with pytest.raises((ValueError, TypeError)) as info:
+        call()
+    return type(info.value), str(info.value)
+
+
+async def test_torch_gloo_refuses_bad_arguments_as_tcp_does() -> None:
+    fabric, engines = await _engines(2)
+    try:
+        _, tcp_groups = memory_world(2)
+        engine_group, tcp_group = engines[0].group, tcp_groups[0]
+        for (what, on_engine), (_, on_tcp) in zip(
+            _bad_calls(engine_group), _bad_calls(tcp_group), strict=True
+        ):
+            assert _refusal(on_engine) == _refusal(on_tcp), what
+        # What only torch's engine cannot compute is refused too, before it is numbered.
+        with pytest.raises(dist.DistTypeError, match="PRODUCT on complex tensors"):
+            dist.all_reduce(torch.ones(2, dtype=torch.complex64), dist.ReduceOp.PRODUCT, group=engine_group)
+        # Nothing refused took a number: the next collective is #0 on both ranks, and matches.
+        ts = [torch.full((2,), float(i)) for i in range(2)]
+        works = [dist.all_reduce(t, group=e.group) for t, e in zip(ts, engines, strict=True)]
+        assert [w.name for w in works] == ["all_reduce #0"] * 2
+        await asyncio.gather(*works)
+        assert [t.tolist() for t in ts] == [[1.0, 1.0]] * 2
+    finally:
+        await _close(fabric, engines)
+
+
+async def test_torch_gloo_timeout_is_the_groups_and_starts_no_resync() -> None:
+    fabric, engines = await _engines(2)
+    try:
+        g0, g1 = engines[0].group, engines[1].group
+        # Object collectives (aiodist's transport) and engine operations share the group's numbering.
+        objs = [["a"], [None]]
+        await asyncio.gather(
+            *(dist.broadcast_object_list(o, 0, group=g) for o, g in zip(objs, (g0, g1), strict=True))
+        )
+        assert objs[1] == ["a"]
+        # Rank 1 enters the all_reduce only after rank 0's timeout: rank 0 fails with the group's
+        # DistTimeoutError...
+        with pytest.raises(
+            dist.DistTimeoutError,
+            match=r"all_reduce #1 on rank 0 \(default group\) reached its timeout of 0.5 s",
+        ):
+            await dist.all_reduce(torch.ones(2), group=g0, timeout=0.5)
+        # ...and asks no member where it stands (a native group would: rank 1, which never
+        # entered it, would find the group out of step and refuse its next collective).
+        await asyncio.sleep(0.3)
+        assert g0.out_of_step is None and g1.out_of_step is None
+        late = dist.all_reduce(torch.ones(2), group=g1, timeout=0.5)  # not refused by the group
+        assert late.name == "all_reduce #1"
+        with pytest.raises(dist.DistError):  # torch's engine closed its pairs after rank 0's timeout
+            await late
+        # The group goes on: both ranks are at the same place, its transport's collectives work.
+        objs = [[1, 2], [None, None]]
+        await asyncio.gather(
+            *(dist.broadcast_object_list(o, 0, group=g) for o, g in zip(objs, (g0, g1), strict=True))
+        )
+        assert objs[1] == [1, 2] and g0.broken is None and g1.broken is None
+    finally:
+        await _close(fabric, engines)
+
+
+async def test_detail_mode_checks_engine_operations_before_torch_sees_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AIODIST_DEBUG", "DETAIL")
+    fabric, engines = await _engines(2)
+    try:
+        g0, g1 = engines[0].group, engines[1].group
+        ts = [torch.full((3,), 2.0), torch.full((3,), 5.0)]
+        await asyncio.gather(dist.all_reduce(ts[0], group=g0), dist.all_reduce(ts[1], group=g1))
+        assert [t.tolist() for t in ts] == [[7.0] * 3] * 2
+        # The ranks disagree (sizes): every rank says so, from the group's check of the
+        # fingerprints, and torch's engine is never given the mismatched call.
+        works = [dist.all_reduce(torch.ones(3), group=g0), dist.all_reduce(torch.ones(4), group=g1)]
+        for w in works:
+            with pytest.raises(dist.CollectiveMismatchError, match="all_reduce"):
+                await w
+    finally:
+        await _close(fabric, engines)
+
+
+async def test_engine_errors_are_classified_by_type_where_torch_has_one() -> None:
+    fabric, engines = await _engines(1)
+    try:
+        e = engines[0]
+
+        def mapped(exc: BaseException) -> BaseException:
+            err = e._map_error(exc, "all_reduce #3")
+            assert err.__cause__ is exc and "all_reduce #3 on rank 0 (default group)" in str(err)
+            return err
+
+        assert type(mapped(tdist.DistNetworkError("x"))) is dist.DistNetworkError
+        assert type(mapped(tdist.DistStoreError("x"))) is dist.DistStoreError
+        assert type(mapped(tdist.DistError("x"))) is dist.DistError
+        # gloo's plain RuntimeErrors, by their text (torch 2.13's messages)
+        timed_out = (
+            "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 500ms for recv operation to complete"
+        )
+        closed = "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:21130"
+        assert type(mapped(RuntimeError(timed_out))) is dist.DistTimeoutError
+        assert type(mapped(RuntimeError("Application timeout caused pair closure"))) is dist.DistTimeoutError
+        assert type(mapped(RuntimeError(closed))) is dist.DistNetworkError
+        assert type(mapped(RuntimeError("something else"))) is dist.DistError
+        # NCCL's watchdog reports a timeout as a DistBackendError
+        watchdog = "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3) ran for 500 milliseconds"
+        assert type(mapped(tdist.DistBackendError(watchdog))) is dist.DistTimeoutError
+    finally:
+        await _close(fabric, engines)
 
 
 async def test_init_nccl_without_cuda_is_a_clear_error() -> None:
