@@ -45,7 +45,7 @@ def test_extension_builds() -> None:
     import aiodist.torch
 
     assert "aiodist" in tdist.Backend.backend_list
-    assert tdist.Backend.backend_capability["aiodist"] == ["cpu"]
+    assert tdist.Backend.backend_capability["aiodist"] == aiodist.torch.devices()
     ext = aiodist.torch.build()
     assert issubclass(ext.AiodistBackend, torch._C._distributed_c10d.Backend)
     assert aiodist.torch.cache_dir().is_dir()
@@ -226,12 +226,22 @@ def _ops(rank: int, world_size: int) -> dict[str, Any]:
     dist.all_to_all_single(dst, src, out_splits, in_splits)
     out["all_to_all_single_uneven"] = dst.tolist()
 
-    # a wrong argument aiodist refuses: torch's TypeError, and the group goes on
-    try:
-        dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BXOR)
-        out["bad_op"] = None
-    except TypeError as exc:
-        out["bad_op"] = str(exc)
+    # a reduction aiodist cannot do: torch's RuntimeError (as gloo raises), naming the operation
+    # and the rank, raised at the call (also by wait() of an async call); the group goes on
+    bad = {
+        "bad_op": lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BXOR),
+        "bad_op_async": lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND, async_op=True).wait(),
+        "bad_op_premul": lambda: dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0)),
+        "bad_op_reduce_scatter": lambda: dist.reduce_scatter_tensor(
+            torch.zeros(1), torch.ones(n), op=dist.ReduceOp.BOR
+        ),
+    }
+    for key, call in bad.items():
+        try:
+            call()
+            out[key] = None
+        except Exception as exc:
+            out[key] = (type(exc).__name__, isinstance(exc, RuntimeError), str(exc))
 
     # async_op: the Work and its future complete from aiodist's loop
     t = torch.ones(5)
@@ -291,7 +301,9 @@ def _ops(rank: int, world_size: int) -> dict[str, Any]:
 
     # barriers
     dist.barrier()
-    pg.monitored_barrier(datetime.timedelta(seconds=30))  # torch's frontend call accepts gloo only
+    pg.monitored_barrier(datetime.timedelta(seconds=30))
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))  # torch's frontend (gloo only in torch)
+    dist.monitored_barrier(wait_all_ranks=True)  # the group's own timeout
     out["barriers"] = True
 
     # subgroups
@@ -354,7 +366,16 @@ def test_frontend_ops_on_three_ranks(level: str) -> None:
         assert out["all_to_all_single_uneven"] == [float(k) for k in range(n) for _ in range(r + 1)]
         assert out["async_future"] == [2.0 * n] * 5
         assert out["async_done"] is True
-        assert out["bad_op"] is not None and "BXOR" in out["bad_op"], out["bad_op"]
+        for key, what in [
+            ("bad_op", "all_reduce on rank {r}: ReduceOp.BXOR is not supported for float32"),
+            ("bad_op_async", "all_reduce on rank {r}: ReduceOp.BAND is not supported for float32"),
+            ("bad_op_premul", "all_reduce on rank {r}: ReduceOp.PREMUL_SUM is not supported"),
+            ("bad_op_reduce_scatter", "reduce_scatter_tensor on rank {r}: ReduceOp.BOR is not supported"),
+        ]:
+            assert out[key] is not None, key
+            name, is_runtime_error, msg = out[key]
+            assert name == "RuntimeError" and is_runtime_error, out[key]  # gloo's class
+            assert what.format(r=r) in msg, (key, msg)
         assert out["nested_future"] == [float(n * (n - 1) // 2)] * 2
         assert out["send_recv"] == [float((r - 1) % n)] * 3
         assert out["isend_irecv"] == [float((r - 1) % n)] * 2
@@ -402,11 +423,19 @@ def _init_and_sum(
     objs: list[Any] = [None] * world_size
     dist.all_gather_object(objs, {"rank": rank})  # object collectives pick the CPU backend
     dist.barrier()
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))  # answered where CPU is on aiodist
+    try:
+        cuda_backend = type(pg._get_backend(torch.device("cuda"))).__name__
+    except RuntimeError:  # no backend for CUDA tensors in this group
+        cuda_backend = None
     out = {
         "objects": objs,
         "sum": t.item(),
         "backend": str(dist.get_backend()),
         "cpu_backend": type(pg._get_backend(torch.device("cpu"))).__name__,
+        "cuda_backend": cuda_backend,
+        "same_object": cuda_backend is not None
+        and pg._get_backend(torch.device("cuda")) is pg._get_backend(torch.device("cpu")),
     }
     dist.destroy_process_group()
     if init_method is None:
@@ -439,20 +468,77 @@ def test_init_methods(how: str, tmp_path: Path) -> None:
             assert out["second_init_sum"] == 2.0
 
 
-@needs_compiler
-def test_combined_spec_runs_cpu_tensors_on_aiodist() -> None:
-    # torch refuses "cuda:nccl" itself where it was built without NCCL (this CPU build: so does
-    # "cpu:gloo,cuda:nccl"); there the same two-backend group is made with "cuda:gloo".
-    import torch.distributed as tdist
+# torch refuses "cuda:nccl" itself where it was built without NCCL (this CPU build: so does
+# "cpu:gloo,cuda:nccl"); there the same two-backend group is made with "cuda:gloo".
+NCCL_OR_GLOO = "nccl" if torch.distributed.is_nccl_available() else "gloo"
 
-    spec = "cpu:aiodist,cuda:nccl" if tdist.is_nccl_available() else "cpu:aiodist,cuda:gloo"
+
+@pytest.mark.parametrize(
+    ("spec", "cuda_backend"),
+    [
+        (
+            f"cpu:aiodist,cuda:{NCCL_OR_GLOO}",
+            "ProcessGroupNCCL" if NCCL_OR_GLOO == "nccl" else "ProcessGroupGloo",
+        ),
+        ("cpu:aiodist,cuda:aiodist", "AiodistBackend"),
+    ],
+)
+@needs_compiler
+def test_combined_spec_runs_cpu_tensors_on_aiodist(spec: str, cuda_backend: str) -> None:
     res = spawn(_init_and_sum, 2, args=(spec, None, free_port()), timeout=90, env=ENV)
     for out in res:
         assert out["sum"] == 3.0
         assert out["backend"] == spec
         assert out["cpu_backend"] == "AiodistBackend"
+        assert out["cuda_backend"] == cuda_backend
+        # one device's backend or two: torch creates one when every device names the same
+        assert out["same_object"] is (cuda_backend == "AiodistBackend")
         assert out["objects"] == [{"rank": 0}, {"rank": 1}]
         assert out["second_init_sum"] == 2.0
+
+
+def _refused_spec(rank: int, world_size: int, spec: str, second_port: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    import aiodist.torch  # noqa: F401
+
+    out: dict[str, Any] = {}
+    t0 = time.monotonic()
+    try:
+        dist.init_process_group(spec, timeout=datetime.timedelta(seconds=30))
+        out["error"] = None
+    except Exception as exc:
+        out["error"] = (type(exc).__name__, str(exc), time.monotonic() - t0)
+    # the refused attempt leaves nothing behind: a group on aiodist works next
+    os.environ["MASTER_PORT"] = str(second_port)
+    dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=30))
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    out["after"] = t.tolist()
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.skipif(torch.distributed.is_nccl_available(), reason="torch here has NCCL: the spec is accepted")
+@needs_compiler
+def test_combined_spec_with_nccl_where_torch_has_none_is_torchs_error() -> None:
+    # torch builds the CPU half (aiodist connects) and then refuses the NCCL half itself
+    res = spawn(_refused_spec, 2, args=("cpu:aiodist,cuda:nccl", free_port()), timeout=90, env=ENV)
+    for out in res:
+        name, msg, took = out["error"]
+        assert name == "RuntimeError" and "doesn't have NCCL built in" in msg, out["error"]
+        assert took < 30.0
+        assert out["after"] == [2.0, 2.0]
+
+
+def test_python_level_refuses_a_combined_spec() -> None:
+    # torch would put the Python group in the place of the whole group, dropping cuda's backend
+    env = {**ENV, "AIODIST_TORCH_BACKEND": "python"}
+    res = spawn(_refused_spec, 2, args=("cpu:aiodist,cuda:gloo", free_port()), timeout=90, env=env)
+    for out in res:
+        name, msg, _ = out["error"]
+        assert name == "ValueError" and "cannot share a group with other backends (cuda:gloo)" in msg, msg
+        assert out["after"] == [2.0, 2.0]
 
 
 # -- faults through torch's frontend -------------------------------------------------------------
@@ -652,9 +738,9 @@ def _fsdp_and_friends(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
-@needs_compiler
-def test_functional_collectives_dtensor_and_fsdp2() -> None:
-    res = spawn(_fsdp_and_friends, 2, timeout=110, env=ENV)
+@pytest.mark.parametrize("level", LEVELS)
+def test_functional_collectives_dtensor_and_fsdp2(level: str) -> None:
+    res = spawn(_fsdp_and_friends, 2, timeout=110, env={**ENV, "AIODIST_TORCH_BACKEND": level})
     for out in res:
         assert out["functional_all_reduce"] == [3.0] * 3
         assert out["dtensor"] == [float(i) for i in range(8)]
