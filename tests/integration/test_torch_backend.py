@@ -399,6 +399,86 @@ def test_frontend_ops_on_three_ranks(level: str) -> None:
         assert out["sampler"] == list(expected)  # the group's rank and size, as gloo's would give
 
 
+# -- the staging path CUDA tensors take ----------------------------------------------------------
+
+
+def _staged(rank: int, world_size: int) -> dict[str, Any]:
+    """Every operation staged through host buffers, as CUDA tensors are on a GPU machine.
+
+    ``HostStager`` runs each step of the staging path but the device hop itself (twins from a
+    pool, copies in before the operation, copies out before the Work completes, buffers filled
+    with garbage so that a step out of order shows as wrong data).
+    """
+    import torch.distributed as dist
+
+    from aiodist.backends.staged import HostStager
+    from aiodist.torch import _backend
+
+    torch.set_num_threads(1)
+    stager = HostStager()
+    _backend.set_stager_factory(lambda: stager)
+    dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=60))
+    gloo = dist.new_group(backend="gloo")
+    n, r = world_size, rank
+    out: dict[str, Any] = {}
+    t = torch.arange(4, dtype=torch.float32) + r
+    dist.all_reduce(t)
+    out["all_reduce"] = t.tolist()
+    t = torch.full((3,), float(r))
+    dist.broadcast(t, src=1)
+    out["broadcast"] = t.tolist()
+    big = torch.zeros(2 * n)
+    dist.all_gather_into_tensor(big, torch.full((2,), float(r)))
+    out["all_gather_into_tensor"] = big.tolist()
+    o = torch.zeros(2)
+    dist.reduce_scatter_tensor(o, torch.arange(2 * n, dtype=torch.float32) * (r + 1))
+    out["reduce_scatter_tensor"] = o.tolist()
+    a2a = torch.zeros(n)
+    dist.all_to_all_single(a2a, torch.arange(n, dtype=torch.float32) + 10 * r)
+    out["all_to_all_single"] = a2a.tolist()
+    buf = torch.zeros(2)
+    reqs = [dist.isend(torch.full((2,), float(r)), (r + 1) % n), dist.irecv(buf, (r - 1) % n)]
+    for q in reqs:
+        q.wait()
+    out["isend_irecv"] = buf.tolist()
+    t = torch.ones(3)
+    fut = dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0] + 1)
+    out["async_future"] = fut.wait().tolist()
+    # torch's DDP (its Reducer calls the backend from C++) against the same steps on gloo
+    out["copies_before_ddp"] = stager.copies_in
+    out["ddp_equal"] = all(
+        all(np.array_equal(a, g) for a, g in zip(sa, sg, strict=True))
+        for sa, sg in zip(
+            _train(rank, None, "buckets+bn+no_sync"), _train(rank, gloo, "buckets+bn+no_sync"), strict=True
+        )
+    )
+    out["copies"] = (stager.copies_in, stager.copies_out)
+    out["in_use_bytes"] = stager.pool.in_use_bytes
+    dist.destroy_process_group()
+    out["pool_closed"] = stager.pool.closed
+    return out
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_every_operation_through_the_staging_path(level: str) -> None:
+    n = 2
+    res = spawn(_staged, n, timeout=110, env={**ENV, "AIODIST_TORCH_BACKEND": level})
+    for r, out in enumerate(res):
+        assert out["all_reduce"] == [sum(i + k for k in range(n)) for i in range(4)]
+        assert out["broadcast"] == [1.0] * 3
+        assert out["all_gather_into_tensor"] == [float(k) for k in range(n) for _ in range(2)]
+        assert out["reduce_scatter_tensor"] == [float((2 * r + j) * 3) for j in range(2)]
+        assert out["all_to_all_single"] == [float(r + 10 * k) for k in range(n)]
+        assert out["isend_irecv"] == [float((r - 1) % n)] * 2
+        assert out["async_future"] == [3.0] * 3
+        assert out["ddp_equal"] is True
+        copies_in, copies_out = out["copies"]
+        assert out["copies_before_ddp"] >= 7 and copies_out >= 7, out  # one a tensor at least
+        assert copies_in >= out["copies_before_ddp"] + STEPS, out  # DDP's buckets went through it too
+        assert out["in_use_bytes"] == 0  # every buffer back in the pool once its Work completed
+        assert out["pool_closed"] is True  # destroy_process_group released it
+
+
 # -- init methods and the combined device spec ---------------------------------------------------
 
 
@@ -660,6 +740,47 @@ def test_mismatched_sizes_are_reported_on_both_ranks() -> None:
         name, msg, took = out["error"]
         assert name == "DistBackendError" and "CollectiveMismatchError" in msg, msg
         assert took < 5.0
+
+
+def _monitored(rank: int, world_size: int, marks: str) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    import aiodist.torch  # noqa: F401
+
+    dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=60))
+    out: dict[str, Any] = {}
+    sub = dist.new_group([0, 1], backend="aiodist")
+    # on a subgroup (rank 2 is not a member: torch warns and returns, as for any group)
+    out["sub"] = dist.monitored_barrier(group=sub, timeout=datetime.timedelta(seconds=30))
+    if rank == 2:
+        # alive but absent: wait until both others have their verdict (a lost rank reads differently)
+        deadline = time.monotonic() + 60
+        while len(list(Path(marks).glob("done-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return out
+    t0 = time.monotonic()
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=2), wait_all_ranks=rank == 0)
+        out["error"] = None
+    except Exception as exc:
+        out["error"] = (type(exc).__name__, isinstance(exc, RuntimeError), str(exc), time.monotonic() - t0)
+    (Path(marks) / f"done-{rank}").touch()
+    return out
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_monitored_barrier_through_torch_frontend_names_the_absent_rank(level: str, tmp_path: Path) -> None:
+    env = {**ENV, "AIODIST_TORCH_BACKEND": level}
+    res = spawn(_monitored, 3, args=(str(tmp_path),), timeout=90, env=env)
+    assert [out["sub"] for out in res] == [None, None, None]
+    name, is_runtime_error, msg, took = res[0]["error"]
+    assert name == "DistBackendError" and is_runtime_error, res[0]  # torch's class for gloo's too
+    assert "Rank 2 failed to pass monitoredBarrier in 2000 ms" in msg, msg
+    assert 1.9 <= took < 10.0, took
+    # rank 1 arrived: it is told rank 0's verdict, not left to its own timeout
+    name, _, msg, took = res[1]["error"]
+    assert name == "DistBackendError" and "Rank 2 failed to pass monitoredBarrier" in msg, msg
+    assert took < 10.0
 
 
 # -- the example -----------------------------------------------------------------------------------
