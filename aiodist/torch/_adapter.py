@@ -35,6 +35,7 @@ from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.runtime.loop_thread import LoopThread
+from aiodist.sync._sparse import sparse_all_reduce as _sparse_all_reduce
 from aiodist.work import Work
 
 __all__ = ["Adapter", "error_kind"]
@@ -213,6 +214,36 @@ class Adapter:
         return self._start(
             work, [functools.partial(_collectives.all_reduce, x, rop, g, timeout=t) for x in tensors]
         )
+
+    def allreduce_sparse(self, work: Any, tensors: list[Any], op: int, timeout_ms: int) -> Refusal:
+        """Sum sparse COO tensors as gloo does: blocking, ``work`` completed on return.
+
+        Blocking because its steps depend on one another's results (the sizes the indices and
+        values are padded to), and a step started later from a callback could take its place
+        in the group's order after an operation the caller started meanwhile, differently on
+        each rank. ``aiodist.sync`` runs it the same way (see ``aiodist.sync._sparse``).
+        """
+        what = "all_reduce (sparse)"
+        if self._lt.in_loop_thread():
+            return (
+                _RUNTIME,
+                f"{what} on rank {self.group.global_rank}: called on aiodist's runtime loop thread",
+            )
+        if timeout_ms >= 0:
+            return _VALUE, f"{what} on rank {self.group.global_rank}: a per-call timeout is not supported"
+        try:
+            rop = _reduce_op(op)
+            if rop is not ReduceOp.SUM:  # gloo's refusal, its class
+                raise UnsupportedReduceError(
+                    f"sparse tensors support only ReduceOp.SUM, got ReduceOp.{rop.name}"
+                )
+            for x in tensors:
+                _sparse_all_reduce(x, rop, self.group, False)
+        except Exception as exc:
+            work._fail(*self._refusal(what, exc))
+            return None
+        work._finish(-1)
+        return None
 
     def reduce(self, work: Any, tensors: list[Any], root: int, op: int, timeout_ms: int) -> Refusal:
         g, t = self.group, _timeout(timeout_ms)

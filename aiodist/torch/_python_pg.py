@@ -181,6 +181,10 @@ class PythonProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
 
     def allreduce(self, tensors: list[Any], opts: Any = None) -> _Work:
         opts = opts if opts is not None else td.AllreduceOptions()
+        if any(t.layout is torch.sparse_coo for t in tensors):  # torch's C++ would call allreduce_sparse
+            return self._run(
+                tensors, lambda w: self._adapter.allreduce_sparse(w, tensors, _op(opts), _ms(opts.timeout))
+            )
         return self._run(tensors, lambda w: self._adapter.allreduce(w, tensors, _op(opts), _ms(opts.timeout)))
 
     def broadcast(self, tensors: list[Any], opts: Any = None) -> _Work:

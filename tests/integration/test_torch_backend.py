@@ -399,6 +399,65 @@ def test_frontend_ops_on_three_ranks(level: str) -> None:
         assert out["sampler"] == list(expected)  # the group's rank and size, as gloo's would give
 
 
+# -- sparse all_reduce ------------------------------------------------------------------------------
+
+
+def _sparse(rank: int, world_size: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    import aiodist.torch  # noqa: F401
+
+    torch.set_num_threads(1)
+    dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=60))
+    gloo = dist.new_group(backend="gloo")
+    out: dict[str, Any] = {}
+
+    def tensor() -> Any:  # overlapping indices across ranks, a dense trailing dimension
+        i = torch.tensor([[0, rank + 1, 3]])
+        return torch.sparse_coo_tensor(i, torch.arange(6.0).reshape(3, 2) * (rank + 1), (5, 2))
+
+    for name, group in (("aiodist", None), ("gloo", gloo)):
+        t = tensor()
+        dist.all_reduce(t, group=group)
+        u = tensor()
+        dist.all_reduce(u, group=group, async_op=True).wait()
+        out[name] = (t.to_dense().tolist(), u.to_dense().tolist(), t.is_coalesced())
+        try:
+            dist.all_reduce(tensor(), op=dist.ReduceOp.MAX, group=group)
+            out[f"{name}_max"] = None
+        except Exception as exc:
+            out[f"{name}_max"] = (type(exc).__name__, str(exc))
+
+    # torch's DDP with sparse gradients (an embedding): its Reducer all-reduces them sparse
+    params = {}
+    for name, group in (("aiodist", None), ("gloo", gloo)):
+        torch.manual_seed(0)
+        model = torch.nn.EmbeddingBag(20, 4, mode="sum", sparse=True)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(rank + 1)
+        for _ in range(3):
+            opt.zero_grad()
+            ddp(torch.randint(0, 20, (6, 3), generator=gen)).pow(2).sum().backward()
+            opt.step()
+        params[name] = model.weight.detach().numpy().copy()
+    out["ddp_equal"] = bool(np.array_equal(params["aiodist"], params["gloo"]))
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_sparse_all_reduce_and_sparse_ddp_as_gloo(level: str) -> None:
+    res = spawn(_sparse, 2, timeout=110, env={**ENV, "AIODIST_TORCH_BACKEND": level})
+    for r, out in enumerate(res):
+        assert out["aiodist"] == out["gloo"], out
+        assert out["aiodist"][0][2] == [4.0, 6.0]  # index 2: rank 1's first row, alone (rank 0's is at 1)
+        name, msg = out["aiodist_max"]
+        assert name == "RuntimeError" == out["gloo_max"][0], out  # gloo's class
+        assert f"all_reduce (sparse) on rank {r}: sparse tensors support only ReduceOp.SUM" in msg, msg
+        assert out["ddp_equal"] is True
+
+
 # -- the staging path CUDA tensors take ----------------------------------------------------------
 
 
