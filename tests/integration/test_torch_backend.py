@@ -81,11 +81,14 @@ CONFIGS: dict[str, tuple[dict[str, Any], str | None]] = {
     "grad_as_bucket_view": ({"bucket_cap_mb": 0.002, "gradient_as_bucket_view": True}, None),
     "find_unused": ({"bucket_cap_mb": 0.002, "find_unused_parameters": True}, None),
     "fp16_hook": ({"bucket_cap_mb": 0.002}, "fp16"),
+    # one bucket: with several, PowerSGD's callbacks start collectives while the training thread
+    # starts the next bucket's, in an order that differs between ranks (gloo hangs there)
+    "powerSGD_one_bucket": ({"bucket_cap_mb": 25}, "powerSGD"),
 }
 
 
 def _train(rank: int, group: Any, config: str) -> list[list[np.ndarray]]:
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     kwargs, hook = CONFIGS[config]
     torch.manual_seed(1000 + rank)  # different initial weights on each rank: DDP broadcasts rank 0's
@@ -94,6 +97,11 @@ def _train(rank: int, group: Any, config: str) -> list[list[np.ndarray]]:
     ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, **kwargs)
     if hook == "fp16":
         ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
+    elif hook == "powerSGD":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=group, matrix_approximation_rank=1, start_powerSGD_iter=2, min_compression_rate=0.5
+        )
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(7919 * rank + 1)
