@@ -571,6 +571,10 @@ def _init_and_sum(
     dist.all_gather_object(objs, {"rank": rank})  # object collectives pick the CPU backend
     dist.barrier()
     dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))  # answered where CPU is on aiodist
+    torch.manual_seed(0)  # torch's DDP on the group: one step, gradients averaged over the ranks
+    model = torch.nn.Linear(4, 2)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)  # held: its hooks live as long as it
+    ddp(torch.ones(3, 4) * (rank + 1)).sum().backward()
     try:
         cuda_backend = type(pg._get_backend(torch.device("cuda"))).__name__
     except RuntimeError:  # no backend for CUDA tensors in this group
@@ -581,6 +585,7 @@ def _init_and_sum(
         "backend": str(dist.get_backend()),
         "cpu_backend": type(pg._get_backend(torch.device("cpu"))).__name__,
         "cuda_backend": cuda_backend,
+        "ddp_grad": model.weight.grad.tolist(),
         "same_object": cuda_backend is not None
         and pg._get_backend(torch.device("cuda")) is pg._get_backend(torch.device("cpu")),
     }
@@ -611,6 +616,7 @@ def test_init_methods(how: str, tmp_path: Path) -> None:
         assert out["sum"] == 3.0
         assert out["backend"] == "aiodist"
         assert out["cpu_backend"] == "AiodistBackend"
+        assert out["ddp_grad"] == [[4.5] * 4] * 2
         if init is None:
             assert out["second_init_sum"] == 2.0
 
@@ -641,6 +647,7 @@ def test_combined_spec_runs_cpu_tensors_on_aiodist(spec: str, cuda_backend: str)
         # one device's backend or two: torch creates one when every device names the same
         assert out["same_object"] is (cuda_backend == "AiodistBackend")
         assert out["objects"] == [{"rank": 0}, {"rank": 1}]
+        assert out["ddp_grad"] == [[4.5] * 4] * 2  # 3 rows of (r + 1), averaged over ranks 0 and 1
         assert out["second_init_sum"] == 2.0
 
 
