@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiodist.backends.staged import CudaStager, Stager
+from aiodist.errors import DistError
 from aiodist.group import ProcessGroup
 from aiodist.rendezvous import local_address_towards
 from aiodist.runtime.loop_thread import LoopThread, get_loop_thread
@@ -157,14 +158,24 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
         backend_options: torch's ``pg_options``; the aiodist backend takes none.
     Raises:
         ExtensionBuildError: the C++ extension cannot be built here.
-        ValueError: ``pg_options`` was given.
+        ValueError: ``pg_options`` was given; a combined device spec on the Python-only level.
+        DistError: the spec puts CUDA tensors on NCCL and torch has no NCCL.
         DistTimeoutError, DistError: the group's members did not connect.
     """
     global _job_mesh, _exit_hook
     if backend_options is not None:
         raise ValueError("the aiodist backend takes no pg_options")
+    others = _other_backends_in_group()
+    if "cuda:nccl" in others and not _nccl_available():
+        # torch would refuse the NCCL half itself, but only after this half connected every rank
+        raise DistError(
+            "the backend spec puts CUDA tensors on NCCL (cuda:nccl), and this torch "
+            f"({_torch_version()}) was built without NCCL: torch cannot create that half of the "
+            "group. Use 'aiodist' alone (CUDA tensors, where torch has CUDA, are staged through "
+            "host memory) or 'cpu:aiodist,cuda:gloo'"
+        )
     ext = _extension_or_none()
-    if ext is None and (others := _other_backends_in_group()):
+    if ext is None and others:
         # torch puts a Python group in the place of the whole group and creates no other
         # backend after it: the other devices' backends would be silently dropped.
         raise ValueError(
@@ -235,6 +246,18 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
 
         return PythonProcessGroup(rank, size, adapter, name)
     return ext.AiodistBackend(rank, size, adapter)
+
+
+def _nccl_available() -> bool:
+    import torch.distributed
+
+    return bool(torch.distributed.is_nccl_available())
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
 
 
 def _other_backends_in_group() -> list[str]:
