@@ -654,7 +654,7 @@ def test_combined_spec_runs_cpu_tensors_on_aiodist(spec: str, cuda_backend: str)
 def _refused_spec(rank: int, world_size: int, spec: str, second_port: int) -> dict[str, Any]:
     import torch.distributed as dist
 
-    import aiodist.torch  # noqa: F401
+    from aiodist.torch import _backend
 
     out: dict[str, Any] = {}
     t0 = time.monotonic()
@@ -669,6 +669,7 @@ def _refused_spec(rank: int, world_size: int, spec: str, second_port: int) -> di
     t = torch.ones(2)
     dist.all_reduce(t)
     out["after"] = t.tolist()
+    out["open_meshes"] = len(_backend._open_meshes)  # this group's: none left of the refused one
     dist.destroy_process_group()
     return out
 
@@ -683,7 +684,19 @@ def test_combined_spec_with_nccl_where_torch_has_none_is_refused_before_connecti
         assert name == "DistError", out["error"]  # a RuntimeError, as torch's refusal
         assert "built without NCCL" in msg and "'cpu:aiodist,cuda:gloo'" in msg, msg
         assert took < 10.0
-        assert out["after"] == [2.0, 2.0]
+        assert out["after"] == [2.0, 2.0] and out["open_meshes"] == 1
+
+
+@pytest.mark.skipif(torch.distributed.is_mpi_available(), reason="torch here has MPI: the spec is accepted")
+@needs_compiler
+def test_a_group_torch_fails_after_aiodist_connected_leaves_nothing_behind() -> None:
+    # torch creates the CPU half (aiodist connects every rank), then refuses the MPI half itself;
+    # aiodist closes the orphaned half when the next default group is created
+    res = spawn(_refused_spec, 2, args=("cpu:aiodist,cuda:mpi", free_port()), timeout=90, env=ENV)
+    for out in res:
+        name, msg, _ = out["error"]
+        assert name == "RuntimeError" and "doesn't have MPI built in" in msg, out["error"]
+        assert out["after"] == [2.0, 2.0] and out["open_meshes"] == 1
 
 
 def test_python_level_refuses_a_combined_spec() -> None:
