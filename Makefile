@@ -33,10 +33,11 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "unit or collectives"
 
-# The staging and NCCL tests, for a machine with GPUs; elsewhere the CUDA ones skip, saying why.
+# The staging and NCCL tests (the torch backend's CUDA tensors too), for a machine with GPUs;
+# elsewhere the CUDA ones skip, saying why.
 test-gpu: install
 	@$(PY) -c "import torch; n = torch.cuda.device_count() if torch.cuda.is_available() else 0; print(f'test-gpu: {n} CUDA device(s) (torch {torch.__version__})' if n else f'test-gpu: no CUDA device (torch {torch.__version__}): the GPU tests will be skipped')"
-	$(PY) -m pytest -q -rs tests/integration/test_cuda.py tests/integration/test_every_operation.py tests/collectives/test_staging.py tests/integration/test_engine.py
+	$(PY) -m pytest -q -rs tests/integration/test_cuda.py tests/integration/test_every_operation.py tests/collectives/test_staging.py tests/integration/test_engine.py tests/integration/test_torch_backend_cuda.py
 
 # PyTorch's own distributed test suite (shipped in the torch wheel) on real gloo, then on aiodist two
 # ways: through aiodist.sync (facade) and unmodified on the torch backend "aiodist" (backend), world

@@ -1,7 +1,8 @@
 """aiodist as a ``torch.distributed`` backend: ``import aiodist.torch``, then ``backend="aiodist"``.
 
-Importing this package registers the backend name "aiodist" with torch for CPU tensors
-(``"cpu:aiodist,cuda:nccl"`` puts CUDA tensors on NCCL); unchanged torch code then runs on
+Importing this package registers the backend name "aiodist" with torch for CPU tensors, and
+for CUDA tensors where torch was built with CUDA (staged through pinned host memory;
+``"cpu:aiodist,cuda:nccl"`` puts them on NCCL instead); unchanged torch code then runs on
 aiodist's runtime::
 
     import torch.distributed as dist
@@ -25,15 +26,35 @@ from aiodist.torch._backend import create_backend as _create_backend
 from aiodist.torch._build import ExtensionBuildError as ExtensionBuildError
 from aiodist.torch._build import cache_dir as cache_dir
 from aiodist.torch._build import load_extension as _load_extension
+from aiodist.torch._frontend import install as _install_frontend
 
-__all__ = ["BACKEND_NAME", "ExtensionBuildError", "build", "cache_dir", "register", "resync"]
+__all__ = ["BACKEND_NAME", "ExtensionBuildError", "build", "cache_dir", "devices", "register", "resync"]
+
+
+def devices(cuda_built: bool | None = None) -> list[str]:
+    """The device types "aiodist" registers for: "cpu", and "cuda" where torch has CUDA.
+
+    CUDA tensors on a group on "aiodist" travel through pinned host buffers (the staging path
+    the other faces use); whether torch has CUDA is read from the build, which touches no
+    device (``cuda_built`` overrides it).
+    """
+    import torch
+
+    if cuda_built is None:
+        cuda_built = bool(torch._C._has_cuda)  # what torch.backends.cuda.is_built() reads
+    return ["cpu", "cuda"] if cuda_built else ["cpu"]
 
 
 def register() -> None:
-    """Register "aiodist" with ``torch.distributed`` (done on import; calling it again is harmless)."""
+    """Register "aiodist" with ``torch.distributed`` (done on import; calling it again is harmless).
+
+    Also answers ``torch.distributed.monitored_barrier`` for groups on "aiodist" (torch's
+    frontend accepts gloo groups only; see ``aiodist.torch._frontend``).
+    """
+    _install_frontend(BACKEND_NAME)
     if BACKEND_NAME.upper() in _td.Backend._plugins:
         return
-    _td.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu"])
+    _td.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=devices())
 
 
 def build() -> Any:

@@ -18,6 +18,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from aiodist.backends.staged import on_caller_stream
 from aiodist.errors import (
     CollectiveMismatchError,
     DistError,
@@ -25,6 +26,7 @@ from aiodist.errors import (
     DistStoreError,
     DistTimeoutError,
     GroupOutOfStepError,
+    UnsupportedReduceError,
 )
 from aiodist.face import p2p as _p2p
 from aiodist.face import tensor_collectives as _collectives
@@ -33,6 +35,7 @@ from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.runtime.loop_thread import LoopThread
+from aiodist.sync._sparse import sparse_all_reduce as _sparse_all_reduce
 from aiodist.work import Work
 
 __all__ = ["Adapter", "error_kind"]
@@ -71,8 +74,8 @@ def _reduce_op(number: int) -> ReduceOp:
     try:
         return ReduceOp(number)
     except ValueError:
-        name = "PREMUL_SUM" if number == 8 else f"reduce op #{number}"
-        raise ValueError(f"the aiodist backend does not support {name}") from None
+        name = "ReduceOp.PREMUL_SUM" if number == 8 else f"reduce op #{number}"
+        raise UnsupportedReduceError(f"{name} is not supported by the aiodist backend") from None
 
 
 def _timeout(ms: int) -> float | None:
@@ -117,6 +120,12 @@ def _no_source(_: Any) -> int:
     return -1
 
 
+def _name_of(start: Callable[[], Work]) -> str:
+    """The operation a start calls ("all_reduce"), for error messages."""
+    fn = start.func if isinstance(start, functools.partial) else start
+    return str(getattr(fn, "__name__", "operation"))
+
+
 class Adapter:
     """torch's backend operations on one aiodist group.
 
@@ -137,6 +146,16 @@ class Adapter:
             raise ValueError(f"{arg}={group_rank} is not a rank of a group of size {self.group.size}")
         return self.group.ranks[group_rank]
 
+    def _refusal(self, what: str, exc: BaseException) -> tuple[int, str]:
+        """The torch error for ``exc``, refused at the call of the operation ``what``.
+
+        An unsupported reduction is torch's ``RuntimeError`` (what gloo raises for one), with
+        aiodist's message naming the operation and the rank.
+        """
+        if isinstance(exc, UnsupportedReduceError):
+            return _RUNTIME, f"{what} on rank {self.group.global_rank}: {exc}"
+        return error_kind(exc)
+
     def _source(self, result: Any) -> int:
         return -1 if result is None else self.group.group_rank(int(result))
 
@@ -156,7 +175,7 @@ class Adapter:
             try:
                 works = [fn() for fn in starts]  # a refused argument raises before anything started
             except Exception as exc:
-                work._fail(*error_kind(exc))
+                work._fail(*self._refusal(_name_of(starts[0]), exc))
                 return
             if not works:
                 work._finish(-1)
@@ -170,7 +189,9 @@ class Adapter:
         if self._lt.in_loop_thread():  # e.g. a future callback that starts another operation
             on_loop()
         else:
-            self._lt.loop.call_soon_threadsafe(on_loop)
+            # torch's current CUDA stream and device are per thread: CUDA tensors are staged
+            # on the loop thread under the caller's (a no-op until CUDA is in use).
+            self._lt.loop.call_soon_threadsafe(on_caller_stream(on_loop))
         return None
 
     # -- collectives ----------------------------------------------------------------------
@@ -189,17 +210,47 @@ class Adapter:
         try:
             rop = _reduce_op(op)
         except ValueError as exc:
-            return error_kind(exc)
+            return self._refusal("all_reduce", exc)
         return self._start(
             work, [functools.partial(_collectives.all_reduce, x, rop, g, timeout=t) for x in tensors]
         )
+
+    def allreduce_sparse(self, work: Any, tensors: list[Any], op: int, timeout_ms: int) -> Refusal:
+        """Sum sparse COO tensors as gloo does: blocking, ``work`` completed on return.
+
+        Blocking because its steps depend on one another's results (the sizes the indices and
+        values are padded to), and a step started later from a callback could take its place
+        in the group's order after an operation the caller started meanwhile, differently on
+        each rank. ``aiodist.sync`` runs it the same way (see ``aiodist.sync._sparse``).
+        """
+        what = "all_reduce (sparse)"
+        if self._lt.in_loop_thread():
+            return (
+                _RUNTIME,
+                f"{what} on rank {self.group.global_rank}: called on aiodist's runtime loop thread",
+            )
+        if timeout_ms >= 0:
+            return _VALUE, f"{what} on rank {self.group.global_rank}: a per-call timeout is not supported"
+        try:
+            rop = _reduce_op(op)
+            if rop is not ReduceOp.SUM:  # gloo's refusal, its class
+                raise UnsupportedReduceError(
+                    f"sparse tensors support only ReduceOp.SUM, got ReduceOp.{rop.name}"
+                )
+            for x in tensors:
+                _sparse_all_reduce(x, rop, self.group, False)
+        except Exception as exc:
+            work._fail(*self._refusal(what, exc))
+            return None
+        work._finish(-1)
+        return None
 
     def reduce(self, work: Any, tensors: list[Any], root: int, op: int, timeout_ms: int) -> Refusal:
         g, t = self.group, _timeout(timeout_ms)
         try:
             rop, dst = _reduce_op(op), self._global(root, "root")
         except ValueError as exc:
-            return error_kind(exc)
+            return self._refusal("reduce", exc)
         return self._start(
             work, [functools.partial(_collectives.reduce, x, dst, rop, g, timeout=t) for x in tensors]
         )
@@ -297,7 +348,7 @@ class Adapter:
         try:
             rop = _reduce_op(op)
         except ValueError as exc:
-            return error_kind(exc)
+            return self._refusal(run.__name__, exc)
         if len(outputs) != len(inputs):
             return _VALUE, f"{run.__name__}: {len(outputs)} outputs for {len(inputs)} inputs"
         return self._start(
@@ -341,7 +392,10 @@ class Adapter:
         try:
             if self._lt.in_loop_thread():
                 raise DistError("monitored_barrier called on aiodist's runtime loop thread")
-            self._lt.call_until_done(lambda: _monitored_barrier(g, timeout, wait_all_ranks)._future)
+            # torch's wording ("Rank 2 failed to pass monitoredBarrier in 3000 ms"): torch programs match it
+            self._lt.call_until_done(
+                lambda: _monitored_barrier(g, timeout, wait_all_ranks, torch_wording=True)._future
+            )
         except Exception as exc:
             return error_kind(exc)
         return None

@@ -16,11 +16,13 @@ import logging
 import os
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiodist.backends.native import NATIVE
-from aiodist.backends.staged import CudaStager, StagedBackend
+from aiodist.backends.staged import CudaStager, StagedBackend, Stager
+from aiodist.errors import DistError
 from aiodist.group import ProcessGroup
 from aiodist.rendezvous import local_address_towards
 from aiodist.runtime.loop_thread import LoopThread, get_loop_thread
@@ -44,7 +46,7 @@ class _Mesh:
     """Connections among the members of one group (for the default group: the whole job)."""
 
     transport: Transport
-    stager: CudaStager
+    stager: Stager
     groups: list[ProcessGroup] = field(default_factory=list)
     closed: bool = False
 
@@ -58,6 +60,22 @@ _exit_hook = False
 # rendezvous apart, and is the same on every member (each creates the same groups in order).
 _attempts: dict[str, int] = {}
 _adapters: dict[str, Adapter] = {}  # by torch group name, while the group lives (see resync)
+# What stages device tensors for the groups of a new mesh: CUDA tensors through pinned host
+# memory (it touches nothing of CUDA until a CUDA tensor comes). Tests put a HostStager here
+# (``set_stager_factory``) to run the staging path of every operation where there is no GPU.
+_stager_factory: Callable[[], Stager] = CudaStager
+
+
+def set_stager_factory(factory: Callable[[], Stager] | None) -> Callable[[], Stager]:
+    """Make the stagers of meshes connected from now on with ``factory`` (None: CUDA's); the old one.
+
+    For tests: ``set_stager_factory(HostStager)`` stages every CPU tensor of every operation
+    of the backend through host buffers, as CUDA tensors are on a GPU machine.
+    """
+    global _stager_factory
+    with _lock:
+        old, _stager_factory = _stager_factory, (factory or CudaStager)
+    return old
 
 
 def _group_id(name: str) -> int:
@@ -97,7 +115,9 @@ async def _connect(store: Any, rank: int, size: int, name: str, timeout: float) 
         host=_host_of(store),
         timeout=timeout,
     )
-    return _Mesh(transport, CudaStager())
+    with _lock:
+        factory = _stager_factory
+    return _Mesh(transport, factory())
 
 
 def _close_mesh(lt: LoopThread, mesh: _Mesh, reason: str) -> None:
@@ -139,13 +159,32 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
         backend_options: torch's ``pg_options``; the aiodist backend takes none.
     Raises:
         ExtensionBuildError: the C++ extension cannot be built here.
-        ValueError: ``pg_options`` was given.
+        ValueError: ``pg_options`` was given; a combined device spec on the Python-only level.
+        DistError: the spec puts CUDA tensors on NCCL and torch has no NCCL.
         DistTimeoutError, DistError: the group's members did not connect.
     """
     global _job_mesh, _exit_hook
     if backend_options is not None:
         raise ValueError("the aiodist backend takes no pg_options")
+    others = _other_backends_in_group()
+    if "cuda:nccl" in others and not _nccl_available():
+        # torch would refuse the NCCL half itself, but only after this half connected every rank
+        raise DistError(
+            "the backend spec puts CUDA tensors on NCCL (cuda:nccl), and this torch "
+            f"({_torch_version()}) was built without NCCL: torch cannot create that half of the "
+            "group. Use 'aiodist' alone (CUDA tensors, where torch has CUDA, are staged through "
+            "host memory) or 'cpu:aiodist,cuda:gloo'"
+        )
     ext = _extension_or_none()
+    if ext is None and others:
+        # torch puts a Python group in the place of the whole group and creates no other
+        # backend after it: the other devices' backends would be silently dropped.
+        raise ValueError(
+            f"the Python-only level of the aiodist backend cannot share a group with other backends "
+            f"({', '.join(others)}): a combined device spec needs the C++ extension (this process "
+            "runs the Python-only level: AIODIST_TORCH_BACKEND=python, or the extension cannot be "
+            "built here); or put every device on aiodist"
+        )
     lt = get_loop_thread()
     rank, size = int(opts.group_rank), int(opts.group_size)
     timeout = opts.timeout
@@ -156,6 +195,12 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
 
     with _lock:
         shared = _job_mesh if not is_default else None
+        stale = _job_mesh if is_default else None
+    if stale is not None:
+        # A default group is created while the last one's mesh is open: torch never finished
+        # creating that group (e.g. "cpu:aiodist,cuda:nccl" where torch has no NCCL fails after
+        # the CPU half connected), so nothing can use the mesh: close it rather than leak it.
+        _close_mesh(lt, stale, "the default process group was created again")
     if shared is not None and not shared.closed:
         mesh, owns, ranks, gid = shared, False, global_ranks, _group_id(name)
     else:
@@ -202,8 +247,38 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
     if ext is None:
         from aiodist.torch._python_pg import PythonProcessGroup
 
-        return PythonProcessGroup(rank, size, adapter)
+        return PythonProcessGroup(rank, size, adapter, name)
     return ext.AiodistBackend(rank, size, adapter)
+
+
+def _nccl_available() -> bool:
+    import torch.distributed
+
+    return bool(torch.distributed.is_nccl_available())
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def _other_backends_in_group() -> list[str]:
+    """The "device:backend" pairs other than aiodist of the group torch is creating, if known.
+
+    torch hands a backend's creator no word of the other devices' backends; its group-creating
+    function holds them in its ``backend_config`` (torch 2.x), read here from the caller's frames.
+    """
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name != "_new_process_group_helper":
+        frame = frame.f_back  # type: ignore[assignment]
+    config = frame.f_locals.get("backend_config") if frame is not None else None
+    mapping = getattr(config, "device_backend_map", None)
+    if not isinstance(mapping, dict):
+        return []
+    return [f"{d}:{b}" for d, b in mapping.items() if str(b) != BACKEND_NAME]
 
 
 def adapter_of(group_name: str) -> Adapter | None:
@@ -238,9 +313,10 @@ def _extension_or_none() -> Any:
             _warned_fallback = True
             warnings.warn(
                 f"{exc}\nFalling back to aiodist's Python-only torch backend: torch's collectives, "
-                "point-to-point calls, object collectives, barriers, DistributedSampler and "
-                "DistributedDataParallel work; FSDP2, DeviceMesh/DTensor and functional "
-                "collectives do not (they need the extension). Set AIODIST_TORCH_BACKEND=cpp to make this an error.",
+                "point-to-point calls, object collectives, barriers, DistributedSampler, "
+                "DistributedDataParallel, functional collectives, DTensor and FSDP2 work; a "
+                "combined device spec such as 'cpu:aiodist,cuda:nccl' does not (it needs the "
+                "extension). Set AIODIST_TORCH_BACKEND=cpp to make this an error.",
                 RuntimeWarning,
                 stacklevel=2,
             )

@@ -2,12 +2,16 @@
 build the C++ extension (no compiler), or when ``AIODIST_TORCH_BACKEND=python`` asks for it.
 
 torch's frontend calls a Python subclass's methods directly, and torch's C++ code (DDP's
-Reducer) reaches them through torch's ``PyProcessGroup`` trampoline, so collectives,
-point-to-point calls, object collectives, barriers, subgroups, ``DistributedSampler`` and
-torch's DistributedDataParallel work. What resolves a group through torch's C++ registry or
-asks it for a per-device backend does not (functional collectives, DeviceMesh/DTensor, FSDP2:
-"ProcessGroup name not set"). The operations are the same ``Adapter`` methods the C++
-backend calls.
+Reducer, functional collectives) reaches them through torch's ``PyProcessGroup`` trampoline,
+so collectives, point-to-point calls, object collectives, barriers, subgroups,
+``DistributedSampler``, torch's DistributedDataParallel, functional collectives, DeviceMesh/
+DTensor and FSDP2 work. Two things make the last three work: the group answers
+``group_name`` with the name torch gave it (torch keeps a group's name on its C++ backends,
+and this group has none; functional collectives find the group by it), and it implements the
+coalesced all_gather/reduce_scatter methods, through which torch's C++ runs
+``all_gather_into_tensor`` and ``reduce_scatter_tensor`` on a Python group. What asks the
+group for a per-device C++ backend (``pg._get_backend(device)``) does not work. The
+operations are the same ``Adapter`` methods the C++ backend calls.
 """
 
 from __future__ import annotations
@@ -146,11 +150,16 @@ def _op(opts: Any) -> int:
 
 
 class PythonProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
-    """A torch process group whose operations run on aiodist's runtime (``Adapter``)."""
+    """A torch process group whose operations run on aiodist's runtime (``Adapter``).
 
-    def __init__(self, rank: int, size: int, adapter: Adapter) -> None:
+    Args:
+        group_name: the name torch gave the group (``group_name``; see the module doc).
+    """
+
+    def __init__(self, rank: int, size: int, adapter: Adapter, group_name: str) -> None:
         super().__init__(rank, size)
         self._adapter = adapter
+        self._group_name = group_name
 
     def _run(self, outputs: list[Any], start: Callable[[_Work], Any]) -> _Work:
         work = _Work(outputs)
@@ -166,8 +175,16 @@ class PythonProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
     def name(self) -> str:
         return "aiodist"
 
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
     def allreduce(self, tensors: list[Any], opts: Any = None) -> _Work:
         opts = opts if opts is not None else td.AllreduceOptions()
+        if any(t.layout is torch.sparse_coo for t in tensors):  # torch's C++ would call allreduce_sparse
+            return self._run(
+                tensors, lambda w: self._adapter.allreduce_sparse(w, tensors, _op(opts), _ms(opts.timeout))
+            )
         return self._run(tensors, lambda w: self._adapter.allreduce(w, tensors, _op(opts), _ms(opts.timeout)))
 
     def broadcast(self, tensors: list[Any], opts: Any = None) -> _Work:
@@ -200,6 +217,16 @@ class PythonProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
 
     _allgather_base = all_gather_single
 
+    def all_gather_single_coalesced(self, outputs: list[Any], inputs: list[Any], opts: Any = None) -> _Work:
+        t = _ms(opts.timeout) if opts is not None else -1
+        return self._run(outputs, lambda w: self._adapter.allgather_into_tensor(w, outputs, inputs, t))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def allreduce_coalesced(self, tensors: list[Any], opts: Any = None) -> _Work:
+        opts = opts if opts is not None else td.AllreduceCoalescedOptions()
+        return self._run(tensors, lambda w: self._adapter.allreduce(w, tensors, _op(opts), _ms(opts.timeout)))
+
     def gather(self, outputs: list[list[Any]], inputs: list[Any], opts: Any) -> _Work:
         return self._run(
             [x for o in outputs for x in o],
@@ -223,6 +250,14 @@ class PythonProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
         )
 
     _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs: list[Any], inputs: list[Any], opts: Any) -> _Work:
+        return self._run(
+            outputs,
+            lambda w: self._adapter.reduce_scatter_tensor(w, outputs, inputs, _op(opts), _ms(opts.timeout)),
+        )
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def all_to_all_single(
         self, output: Any, input: Any, output_splits: list[int], input_splits: list[int], opts: Any

@@ -45,7 +45,7 @@ def test_extension_builds() -> None:
     import aiodist.torch
 
     assert "aiodist" in tdist.Backend.backend_list
-    assert tdist.Backend.backend_capability["aiodist"] == ["cpu"]
+    assert tdist.Backend.backend_capability["aiodist"] == aiodist.torch.devices()
     ext = aiodist.torch.build()
     assert issubclass(ext.AiodistBackend, torch._C._distributed_c10d.Backend)
     assert aiodist.torch.cache_dir().is_dir()
@@ -81,11 +81,14 @@ CONFIGS: dict[str, tuple[dict[str, Any], str | None]] = {
     "grad_as_bucket_view": ({"bucket_cap_mb": 0.002, "gradient_as_bucket_view": True}, None),
     "find_unused": ({"bucket_cap_mb": 0.002, "find_unused_parameters": True}, None),
     "fp16_hook": ({"bucket_cap_mb": 0.002}, "fp16"),
+    # one bucket: with several, PowerSGD's callbacks start collectives while the training thread
+    # starts the next bucket's, in an order that differs between ranks (gloo hangs there)
+    "powerSGD_one_bucket": ({"bucket_cap_mb": 25}, "powerSGD"),
 }
 
 
 def _train(rank: int, group: Any, config: str) -> list[list[np.ndarray]]:
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     kwargs, hook = CONFIGS[config]
     torch.manual_seed(1000 + rank)  # different initial weights on each rank: DDP broadcasts rank 0's
@@ -94,6 +97,11 @@ def _train(rank: int, group: Any, config: str) -> list[list[np.ndarray]]:
     ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, **kwargs)
     if hook == "fp16":
         ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
+    elif hook == "powerSGD":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=group, matrix_approximation_rank=1, start_powerSGD_iter=2, min_compression_rate=0.5
+        )
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(7919 * rank + 1)
@@ -226,12 +234,22 @@ def _ops(rank: int, world_size: int) -> dict[str, Any]:
     dist.all_to_all_single(dst, src, out_splits, in_splits)
     out["all_to_all_single_uneven"] = dst.tolist()
 
-    # a wrong argument aiodist refuses: torch's TypeError, and the group goes on
-    try:
-        dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BXOR)
-        out["bad_op"] = None
-    except TypeError as exc:
-        out["bad_op"] = str(exc)
+    # a reduction aiodist cannot do: torch's RuntimeError (as gloo raises), naming the operation
+    # and the rank, raised at the call (also by wait() of an async call); the group goes on
+    bad = {
+        "bad_op": lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BXOR),
+        "bad_op_async": lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND, async_op=True).wait(),
+        "bad_op_premul": lambda: dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0)),
+        "bad_op_reduce_scatter": lambda: dist.reduce_scatter_tensor(
+            torch.zeros(1), torch.ones(n), op=dist.ReduceOp.BOR
+        ),
+    }
+    for key, call in bad.items():
+        try:
+            call()
+            out[key] = None
+        except Exception as exc:
+            out[key] = (type(exc).__name__, isinstance(exc, RuntimeError), str(exc))
 
     # async_op: the Work and its future complete from aiodist's loop
     t = torch.ones(5)
@@ -291,7 +309,9 @@ def _ops(rank: int, world_size: int) -> dict[str, Any]:
 
     # barriers
     dist.barrier()
-    pg.monitored_barrier(datetime.timedelta(seconds=30))  # torch's frontend call accepts gloo only
+    pg.monitored_barrier(datetime.timedelta(seconds=30))
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))  # torch's frontend (gloo only in torch)
+    dist.monitored_barrier(wait_all_ranks=True)  # the group's own timeout
     out["barriers"] = True
 
     # subgroups
@@ -354,7 +374,16 @@ def test_frontend_ops_on_three_ranks(level: str) -> None:
         assert out["all_to_all_single_uneven"] == [float(k) for k in range(n) for _ in range(r + 1)]
         assert out["async_future"] == [2.0 * n] * 5
         assert out["async_done"] is True
-        assert out["bad_op"] is not None and "BXOR" in out["bad_op"], out["bad_op"]
+        for key, what in [
+            ("bad_op", "all_reduce on rank {r}: ReduceOp.BXOR is not supported for float32"),
+            ("bad_op_async", "all_reduce on rank {r}: ReduceOp.BAND is not supported for float32"),
+            ("bad_op_premul", "all_reduce on rank {r}: ReduceOp.PREMUL_SUM is not supported"),
+            ("bad_op_reduce_scatter", "reduce_scatter_tensor on rank {r}: ReduceOp.BOR is not supported"),
+        ]:
+            assert out[key] is not None, key
+            name, is_runtime_error, msg = out[key]
+            assert name == "RuntimeError" and is_runtime_error, out[key]  # gloo's class
+            assert what.format(r=r) in msg, (key, msg)
         assert out["nested_future"] == [float(n * (n - 1) // 2)] * 2
         assert out["send_recv"] == [float((r - 1) % n)] * 3
         assert out["isend_irecv"] == [float((r - 1) % n)] * 2
@@ -376,6 +405,145 @@ def test_frontend_ops_on_three_ranks(level: str) -> None:
         expected = DistributedSampler(list(range(10)), num_replicas=n, rank=r, shuffle=True, seed=3)
         expected.set_epoch(1)
         assert out["sampler"] == list(expected)  # the group's rank and size, as gloo's would give
+
+
+# -- sparse all_reduce ------------------------------------------------------------------------------
+
+
+def _sparse(rank: int, world_size: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    import aiodist.torch  # noqa: F401
+
+    torch.set_num_threads(1)
+    dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=60))
+    gloo = dist.new_group(backend="gloo")
+    out: dict[str, Any] = {}
+
+    def tensor() -> Any:  # overlapping indices across ranks, a dense trailing dimension
+        i = torch.tensor([[0, rank + 1, 3]])
+        return torch.sparse_coo_tensor(i, torch.arange(6.0).reshape(3, 2) * (rank + 1), (5, 2))
+
+    for name, group in (("aiodist", None), ("gloo", gloo)):
+        t = tensor()
+        dist.all_reduce(t, group=group)
+        u = tensor()
+        dist.all_reduce(u, group=group, async_op=True).wait()
+        out[name] = (t.to_dense().tolist(), u.to_dense().tolist(), t.is_coalesced())
+        try:
+            dist.all_reduce(tensor(), op=dist.ReduceOp.MAX, group=group)
+            out[f"{name}_max"] = None
+        except Exception as exc:
+            out[f"{name}_max"] = (type(exc).__name__, str(exc))
+
+    # torch's DDP with sparse gradients (an embedding): its Reducer all-reduces them sparse
+    params = {}
+    for name, group in (("aiodist", None), ("gloo", gloo)):
+        torch.manual_seed(0)
+        model = torch.nn.EmbeddingBag(20, 4, mode="sum", sparse=True)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(rank + 1)
+        for _ in range(3):
+            opt.zero_grad()
+            ddp(torch.randint(0, 20, (6, 3), generator=gen)).pow(2).sum().backward()
+            opt.step()
+        params[name] = model.weight.detach().numpy().copy()
+    out["ddp_equal"] = bool(np.array_equal(params["aiodist"], params["gloo"]))
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_sparse_all_reduce_and_sparse_ddp_as_gloo(level: str) -> None:
+    res = spawn(_sparse, 2, timeout=110, env={**ENV, "AIODIST_TORCH_BACKEND": level})
+    for r, out in enumerate(res):
+        assert out["aiodist"] == out["gloo"], out
+        assert out["aiodist"][0][2] == [4.0, 6.0]  # index 2: rank 1's first row, alone (rank 0's is at 1)
+        name, msg = out["aiodist_max"]
+        assert name == "RuntimeError" == out["gloo_max"][0], out  # gloo's class
+        assert f"all_reduce (sparse) on rank {r}: sparse tensors support only ReduceOp.SUM" in msg, msg
+        assert out["ddp_equal"] is True
+
+
+# -- the staging path CUDA tensors take ----------------------------------------------------------
+
+
+def _staged(rank: int, world_size: int) -> dict[str, Any]:
+    """Every operation staged through host buffers, as CUDA tensors are on a GPU machine.
+
+    ``HostStager`` runs each step of the staging path but the device hop itself (twins from a
+    pool, copies in before the operation, copies out before the Work completes, buffers filled
+    with garbage so that a step out of order shows as wrong data).
+    """
+    import torch.distributed as dist
+
+    from aiodist.backends.staged import HostStager
+    from aiodist.torch import _backend
+
+    torch.set_num_threads(1)
+    stager = HostStager()
+    _backend.set_stager_factory(lambda: stager)
+    dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=60))
+    gloo = dist.new_group(backend="gloo")
+    n, r = world_size, rank
+    out: dict[str, Any] = {}
+    t = torch.arange(4, dtype=torch.float32) + r
+    dist.all_reduce(t)
+    out["all_reduce"] = t.tolist()
+    t = torch.full((3,), float(r))
+    dist.broadcast(t, src=1)
+    out["broadcast"] = t.tolist()
+    big = torch.zeros(2 * n)
+    dist.all_gather_into_tensor(big, torch.full((2,), float(r)))
+    out["all_gather_into_tensor"] = big.tolist()
+    o = torch.zeros(2)
+    dist.reduce_scatter_tensor(o, torch.arange(2 * n, dtype=torch.float32) * (r + 1))
+    out["reduce_scatter_tensor"] = o.tolist()
+    a2a = torch.zeros(n)
+    dist.all_to_all_single(a2a, torch.arange(n, dtype=torch.float32) + 10 * r)
+    out["all_to_all_single"] = a2a.tolist()
+    buf = torch.zeros(2)
+    reqs = [dist.isend(torch.full((2,), float(r)), (r + 1) % n), dist.irecv(buf, (r - 1) % n)]
+    for q in reqs:
+        q.wait()
+    out["isend_irecv"] = buf.tolist()
+    t = torch.ones(3)
+    fut = dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0] + 1)
+    out["async_future"] = fut.wait().tolist()
+    # torch's DDP (its Reducer calls the backend from C++) against the same steps on gloo
+    out["copies_before_ddp"] = stager.copies_in
+    out["ddp_equal"] = all(
+        all(np.array_equal(a, g) for a, g in zip(sa, sg, strict=True))
+        for sa, sg in zip(
+            _train(rank, None, "buckets+bn+no_sync"), _train(rank, gloo, "buckets+bn+no_sync"), strict=True
+        )
+    )
+    out["copies"] = (stager.copies_in, stager.copies_out)
+    out["in_use_bytes"] = stager.pool.in_use_bytes
+    dist.destroy_process_group()
+    out["pool_closed"] = stager.pool.closed
+    return out
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_every_operation_through_the_staging_path(level: str) -> None:
+    n = 2
+    res = spawn(_staged, n, timeout=110, env={**ENV, "AIODIST_TORCH_BACKEND": level})
+    for r, out in enumerate(res):
+        assert out["all_reduce"] == [sum(i + k for k in range(n)) for i in range(4)]
+        assert out["broadcast"] == [1.0] * 3
+        assert out["all_gather_into_tensor"] == [float(k) for k in range(n) for _ in range(2)]
+        assert out["reduce_scatter_tensor"] == [float((2 * r + j) * 3) for j in range(2)]
+        assert out["all_to_all_single"] == [float(r + 10 * k) for k in range(n)]
+        assert out["isend_irecv"] == [float((r - 1) % n)] * 2
+        assert out["async_future"] == [3.0] * 3
+        assert out["ddp_equal"] is True
+        copies_in, copies_out = out["copies"]
+        assert out["copies_before_ddp"] >= 7 and copies_out >= 7, out  # one a tensor at least
+        assert copies_in >= out["copies_before_ddp"] + STEPS, out  # DDP's buckets went through it too
+        assert out["in_use_bytes"] == 0  # every buffer back in the pool once its Work completed
+        assert out["pool_closed"] is True  # destroy_process_group released it
 
 
 # -- init methods and the combined device spec ---------------------------------------------------
@@ -402,11 +570,24 @@ def _init_and_sum(
     objs: list[Any] = [None] * world_size
     dist.all_gather_object(objs, {"rank": rank})  # object collectives pick the CPU backend
     dist.barrier()
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))  # answered where CPU is on aiodist
+    torch.manual_seed(0)  # torch's DDP on the group: one step, gradients averaged over the ranks
+    model = torch.nn.Linear(4, 2)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)  # held: its hooks live as long as it
+    ddp(torch.ones(3, 4) * (rank + 1)).sum().backward()
+    try:
+        cuda_backend = type(pg._get_backend(torch.device("cuda"))).__name__
+    except RuntimeError:  # no backend for CUDA tensors in this group
+        cuda_backend = None
     out = {
         "objects": objs,
         "sum": t.item(),
         "backend": str(dist.get_backend()),
         "cpu_backend": type(pg._get_backend(torch.device("cpu"))).__name__,
+        "cuda_backend": cuda_backend,
+        "ddp_grad": model.weight.grad.tolist(),
+        "same_object": cuda_backend is not None
+        and pg._get_backend(torch.device("cuda")) is pg._get_backend(torch.device("cpu")),
     }
     dist.destroy_process_group()
     if init_method is None:
@@ -435,24 +616,97 @@ def test_init_methods(how: str, tmp_path: Path) -> None:
         assert out["sum"] == 3.0
         assert out["backend"] == "aiodist"
         assert out["cpu_backend"] == "AiodistBackend"
+        assert out["ddp_grad"] == [[4.5] * 4] * 2
         if init is None:
             assert out["second_init_sum"] == 2.0
 
 
-@needs_compiler
-def test_combined_spec_runs_cpu_tensors_on_aiodist() -> None:
-    # torch refuses "cuda:nccl" itself where it was built without NCCL (this CPU build: so does
-    # "cpu:gloo,cuda:nccl"); there the same two-backend group is made with "cuda:gloo".
-    import torch.distributed as tdist
+# torch refuses "cuda:nccl" itself where it was built without NCCL (this CPU build: so does
+# "cpu:gloo,cuda:nccl"); there the same two-backend group is made with "cuda:gloo".
+NCCL_OR_GLOO = "nccl" if torch.distributed.is_nccl_available() else "gloo"
 
-    spec = "cpu:aiodist,cuda:nccl" if tdist.is_nccl_available() else "cpu:aiodist,cuda:gloo"
+
+@pytest.mark.parametrize(
+    ("spec", "cuda_backend"),
+    [
+        (
+            f"cpu:aiodist,cuda:{NCCL_OR_GLOO}",
+            "ProcessGroupNCCL" if NCCL_OR_GLOO == "nccl" else "ProcessGroupGloo",
+        ),
+        ("cpu:aiodist,cuda:aiodist", "AiodistBackend"),
+    ],
+)
+@needs_compiler
+def test_combined_spec_runs_cpu_tensors_on_aiodist(spec: str, cuda_backend: str) -> None:
     res = spawn(_init_and_sum, 2, args=(spec, None, free_port()), timeout=90, env=ENV)
     for out in res:
         assert out["sum"] == 3.0
         assert out["backend"] == spec
         assert out["cpu_backend"] == "AiodistBackend"
+        assert out["cuda_backend"] == cuda_backend
+        # one device's backend or two: torch creates one when every device names the same
+        assert out["same_object"] is (cuda_backend == "AiodistBackend")
         assert out["objects"] == [{"rank": 0}, {"rank": 1}]
+        assert out["ddp_grad"] == [[4.5] * 4] * 2  # 3 rows of (r + 1), averaged over ranks 0 and 1
         assert out["second_init_sum"] == 2.0
+
+
+def _refused_spec(rank: int, world_size: int, spec: str, second_port: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from aiodist.torch import _backend
+
+    out: dict[str, Any] = {}
+    t0 = time.monotonic()
+    try:
+        dist.init_process_group(spec, timeout=datetime.timedelta(seconds=30))
+        out["error"] = None
+    except (RuntimeError, ValueError) as exc:
+        out["error"] = (type(exc).__name__, str(exc), time.monotonic() - t0)
+    # the refused attempt leaves nothing behind: a group on aiodist works next
+    os.environ["MASTER_PORT"] = str(second_port)
+    dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=30))
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    out["after"] = t.tolist()
+    out["open_meshes"] = len(_backend._open_meshes)  # this group's: none left of the refused one
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.skipif(torch.distributed.is_nccl_available(), reason="torch here has NCCL: the spec is accepted")
+@needs_compiler
+def test_combined_spec_with_nccl_where_torch_has_none_is_refused_before_connecting() -> None:
+    # torch would refuse the NCCL half itself, after the aiodist half connected every rank
+    res = spawn(_refused_spec, 2, args=("cpu:aiodist,cuda:nccl", free_port()), timeout=90, env=ENV)
+    for out in res:
+        name, msg, took = out["error"]
+        assert name == "DistError", out["error"]  # a RuntimeError, as torch's refusal
+        assert "built without NCCL" in msg and "'cpu:aiodist,cuda:gloo'" in msg, msg
+        assert took < 10.0
+        assert out["after"] == [2.0, 2.0] and out["open_meshes"] == 1
+
+
+@pytest.mark.skipif(torch.distributed.is_mpi_available(), reason="torch here has MPI: the spec is accepted")
+@needs_compiler
+def test_a_group_torch_fails_after_aiodist_connected_leaves_nothing_behind() -> None:
+    # torch creates the CPU half (aiodist connects every rank), then refuses the MPI half itself;
+    # aiodist closes the orphaned half when the next default group is created
+    res = spawn(_refused_spec, 2, args=("cpu:aiodist,cuda:mpi", free_port()), timeout=90, env=ENV)
+    for out in res:
+        name, msg, _ = out["error"]
+        assert name == "RuntimeError" and "doesn't have MPI built in" in msg, out["error"]
+        assert out["after"] == [2.0, 2.0] and out["open_meshes"] == 1
+
+
+def test_python_level_refuses_a_combined_spec() -> None:
+    # torch would put the Python group in the place of the whole group, dropping cuda's backend
+    env = {**ENV, "AIODIST_TORCH_BACKEND": "python"}
+    res = spawn(_refused_spec, 2, args=("cpu:aiodist,cuda:gloo", free_port()), timeout=90, env=env)
+    for out in res:
+        name, msg, _ = out["error"]
+        assert name == "ValueError" and "cannot share a group with other backends (cuda:gloo)" in msg, msg
+        assert out["after"] == [2.0, 2.0]
 
 
 # -- faults through torch's frontend -------------------------------------------------------------
@@ -576,6 +830,47 @@ def test_mismatched_sizes_are_reported_on_both_ranks() -> None:
         assert took < 5.0
 
 
+def _monitored(rank: int, world_size: int, marks: str) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    import aiodist.torch  # noqa: F401
+
+    dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=60))
+    out: dict[str, Any] = {}
+    sub = dist.new_group([0, 1], backend="aiodist")
+    # on a subgroup (rank 2 is not a member: torch warns and returns, as for any group)
+    out["sub"] = dist.monitored_barrier(group=sub, timeout=datetime.timedelta(seconds=30))
+    if rank == 2:
+        # alive but absent: wait until both others have their verdict (a lost rank reads differently)
+        deadline = time.monotonic() + 60
+        while len(list(Path(marks).glob("done-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return out
+    t0 = time.monotonic()
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=2), wait_all_ranks=rank == 0)
+        out["error"] = None
+    except Exception as exc:
+        out["error"] = (type(exc).__name__, isinstance(exc, RuntimeError), str(exc), time.monotonic() - t0)
+    (Path(marks) / f"done-{rank}").touch()
+    return out
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_monitored_barrier_through_torch_frontend_names_the_absent_rank(level: str, tmp_path: Path) -> None:
+    env = {**ENV, "AIODIST_TORCH_BACKEND": level}
+    res = spawn(_monitored, 3, args=(str(tmp_path),), timeout=90, env=env)
+    assert [out["sub"] for out in res] == [None, None, None]
+    name, is_runtime_error, msg, took = res[0]["error"]
+    assert name == "DistBackendError" and is_runtime_error, res[0]  # torch's class for gloo's too
+    assert "Rank 2 failed to pass monitoredBarrier in 2000 ms" in msg, msg
+    assert 1.9 <= took < 10.0, took
+    # rank 1 arrived: it is told rank 0's verdict, not left to its own timeout
+    name, _, msg, took = res[1]["error"]
+    assert name == "DistBackendError" and "Rank 2 failed to pass monitoredBarrier" in msg, msg
+    assert took < 10.0
+
+
 # -- the example -----------------------------------------------------------------------------------
 
 
@@ -652,9 +947,9 @@ def _fsdp_and_friends(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
-@needs_compiler
-def test_functional_collectives_dtensor_and_fsdp2() -> None:
-    res = spawn(_fsdp_and_friends, 2, timeout=110, env=ENV)
+@pytest.mark.parametrize("level", LEVELS)
+def test_functional_collectives_dtensor_and_fsdp2(level: str) -> None:
+    res = spawn(_fsdp_and_friends, 2, timeout=110, env={**ENV, "AIODIST_TORCH_BACKEND": level})
     for out in res:
         assert out["functional_all_reduce"] == [3.0] * 3
         assert out["dtensor"] == [float(i) for i in range(8)]

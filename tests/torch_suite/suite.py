@@ -34,9 +34,11 @@ if VARIANT not in VARIANTS:
 # What the backend variant declares about "aiodist" through the suite's own table of backend
 # features, which its decorators read when the module is imported (so: before the import).
 # "plugin": a backend registered from outside torch is available; "ddp": torch's DDP runs on
-# it; "subgroup": new_group(...) works. Not declared: "gpu"/"cuda" (the backend registers for
-# CPU tensors only), and nothing in ``skip_collective`` (aiodist lacks none of those).
-DECLARED_FEATURES = ("plugin", "ddp", "subgroup")
+# it; "subgroup": new_group(...) works; "gpu"/"cuda": it takes CUDA tensors (staged through
+# pinned host memory wherever torch has CUDA; the suite's GPU tests also ask for GPUs, so they
+# skip on a machine without, and the CPU tests it gates on "gpu" run, as for gloo). Nothing in
+# ``skip_collective`` (aiodist lacks none of those).
+DECLARED_FEATURES = ("plugin", "ddp", "subgroup", "gpu", "cuda")
 
 if VARIANT == "backend":
     if os.environ["BACKEND"] != "aiodist":

@@ -205,8 +205,25 @@ class AiodistBackend : public c10d::Backend {
   }
 
   WorkPtr allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
+    for (const auto& t : tensors) {
+      if (t.is_sparse()) {  // torch's dispatcher sends sparse COO tensors here, as to gloo's
+        return allreduce_sparse(tensors, opts);
+      }
+    }
     return start(
         "allreduce", c10d::OpType::ALLREDUCE, tensors, tensors, redop(opts.reduceOp), ms(opts.timeout));
+  }
+
+  // Sparse COO tensors (torch's dispatcher sends them here): blocking, completed on return
+  // (see Adapter.allreduce_sparse).
+  WorkPtr allreduce_sparse(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
+    return start(
+        "allreduce_sparse",
+        c10d::OpType::ALLREDUCE,
+        tensors,
+        tensors,
+        redop(opts.reduceOp),
+        ms(opts.timeout));
   }
 
   WorkPtr allreduce_coalesced(
