@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 
-__all__ = ["cores", "has_core_per_rank", "has_spare_core", "local_ranks"]
+__all__ = ["cores", "has_core_per_rank", "has_spare_core", "host_id", "local_ranks"]
 
 
 @functools.cache
@@ -37,3 +38,22 @@ def has_core_per_rank() -> bool:
 def has_spare_core() -> bool:
     """There is a core beyond one per rank (so a worker thread runs beside every loop)."""
     return cores() > local_ranks()
+
+
+def host_id() -> str:
+    """Which machine this process runs on, for telling ranks of one host from others.
+
+    ``AIODIST_HOST_ID`` when set (a test can place ranks of one machine on "different hosts"
+    with it), else the host name and the kernel's boot id (two containers with one host name
+    and separate kernels, or a reused name after a reboot, differ). Ranks with equal ids still
+    prove they share memory before they use it.
+    """
+    forced = os.environ.get("AIODIST_HOST_ID", "").strip()
+    if forced:
+        return forced
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}" if boot else socket.gethostname()
