@@ -631,3 +631,16 @@ class Transport(ABC):
 
     def peers(self) -> Sequence[int]:
         return [r for r in range(self.world_size) if r != self.rank]
+
+    # -- where the peers are (for host-aware algorithms) ---------------------------------
+    def local_peers(self) -> list[int]:
+        """Peers whose data messages travel through shared memory with this rank (both ways)."""
+        return []
+
+    def shares_memory_with(self, peer: int) -> bool:
+        """Whether data messages with ``peer`` travel through shared memory (both ways)."""
+        return peer in self.local_peers()
+
+    def host_of(self, peer: int) -> str | None:
+        """``peer``'s host identity (``aiodist.runtime.host.host_id`` there), if known."""
+        return None

@@ -527,7 +527,7 @@ class ShmPaths:
         self.done: asyncio.Future[None] = loop.create_future()
         self.done.set_result(None)
         self.settled: asyncio.Future[None] = loop.create_future()
-        self.expected: set[int] = set()
+        self.expected: set[int] | None = None  # (None: nobody waits for ``settled`` yet)
         self.bytes_sent = 0  # payload bytes through shared memory (both copies and single-copy)
         self.bytes_received = 0
         self._polling = False
@@ -675,7 +675,7 @@ class ShmPaths:
         self._check_settled()
 
     def _check_settled(self) -> None:
-        if self.settled.done():
+        if self.settled.done() or self.expected is None:
             return
         for peer in self.expected:
             link = self.links.get(peer)

@@ -604,6 +604,7 @@ class TcpTransport(Transport):
 
     @property
     def host_id(self) -> str:
+        """This rank's host identity (``aiodist.runtime.host.host_id``)."""
         return self._shm.host
 
     @property

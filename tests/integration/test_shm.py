@@ -1,0 +1,152 @@
+"""Shared memory between processes of one host: when it is used, when it is not, and its
+harder paths (messages before their receives, a full ring, two-copy pieces), with real processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aiodist as dist
+from aiodist.face.world import world
+from aiodist.testing import spawn
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _transport() -> Any:
+    return world().transport
+
+
+async def _check_ops(rank: int, size: int) -> dict[str, Any]:
+    """A few operations of every message size; results derived from rank and size."""
+    ok = {}
+    for n in (1, 1000, 100_000, 3_000_001):
+        a = np.full(n, rank + 1, np.int64)
+        await dist.all_reduce(a)
+        b = np.arange(n, dtype=np.int64) if rank == 0 else np.zeros(n, np.int64)
+        await dist.broadcast(b, 0)
+        ok[n] = bool((a == size * (size + 1) // 2).all() and (b == np.arange(n)).all())
+    return ok
+
+
+async def _where(rank: int, size: int, host_ids: list[str] | None, patch_dir: str | None) -> dict[str, Any]:
+    if host_ids is not None:
+        os.environ["AIODIST_HOST_ID"] = host_ids[rank]
+    if patch_dir is not None and rank == 1:
+        # This rank's segments live where its peers do not look (a /dev/shm they do not share),
+        # and it looks for theirs there: every proof fails.
+        from aiodist.transport import shm_segment
+
+        shm_segment.SEGMENT_DIR = patch_dir
+    await dist.init_process_group("tcp", "env://", timeout=60)
+    t = _transport()
+    out = {
+        "local": t.local_peers(),
+        "hosts": {p: t.host_of(p) for p in range(size) if p != rank},
+        "me": t.host_id,
+        "shares": [t.shares_memory_with(p) for p in range(size)],
+        "ok": await _check_ops(rank, size),
+    }
+    out["shm_bytes"] = t.shm_bytes
+    await dist.destroy_process_group()
+    return out
+
+
+def test_ranks_of_one_host_share_memory() -> None:
+    res = spawn(_where, 3, args=(None, None), timeout=100)
+    for r, out in enumerate(res):
+        others = [p for p in range(3) if p != r]
+        assert out["local"] == others
+        assert out["shares"] == [p != r for p in range(3)]
+        assert set(out["hosts"].values()) == {out["me"]}
+        assert all(out["ok"].values())
+        assert min(out["shm_bytes"]) > 3_000_000 * 8
+
+
+def test_off_switch_keeps_tcp() -> None:
+    res = spawn(_where, 2, args=(None, None), env={"AIODIST_SHM": "0"}, timeout=100)
+    for out in res:
+        assert out["local"] == [] and out["shm_bytes"] == (0, 0)
+        assert all(out["ok"].values())
+
+
+def test_forced_hosts_split_the_job() -> None:
+    """AIODIST_HOST_ID places ranks of one machine on "different hosts": shared memory only
+    within each, and every rank knows every peer's host (for hierarchical algorithms)."""
+    ids = ["hostA", "hostA", "hostB", "hostB"]
+    res = spawn(_where, 4, args=(ids, None), timeout=110)
+    for r, out in enumerate(res):
+        assert out["me"] == ids[r]
+        assert out["local"] == [r ^ 1]
+        assert out["hosts"] == {p: ids[p] for p in range(4) if p != r}
+        assert all(out["ok"].values())
+
+
+def test_a_failed_proof_falls_back_to_tcp(tmp_path: Any) -> None:
+    res = spawn(_where, 3, args=(None, str(tmp_path)), timeout=100)
+    for r, out in enumerate(res):
+        assert all(out["ok"].values())
+        assert 1 not in out["local"], out
+        assert out["local"] == ([] if r == 1 else [2 - r]), out  # ranks 0 and 2 still share
+    assert list(tmp_path.iterdir()) == []  # rank 1's refused segments were removed
+
+
+async def _early_and_many(rank: int, size: int) -> dict[str, Any]:
+    """Rank 0 sends far more than a ring holds (eager messages, and large ones by descriptor or
+    in pieces) before rank 1 posts a single receive; rank 1 then takes them in another order."""
+    await dist.init_process_group("tcp", "env://", timeout=60)
+    small = [np.full(60_000 // 8, i, np.int64) for i in range(150)]  # 9 MB of eager messages
+    big = [np.arange(1 << 20, dtype=np.int64) * (i + 1) for i in range(3)]  # 8 MiB each
+    out: dict[str, Any] = {}
+    if rank == 0:
+        sends = [dist.isend(b, 1, tag=100 + i) for i, b in enumerate(big)]
+        sends += [dist.isend(s, 1, tag=7) for s in small]  # one tag: must arrive in order
+        await asyncio.gather(*sends)
+    else:
+        await asyncio.sleep(0.5)  # everything above is sent (or waiting for room) by now
+        got_big = [np.zeros(1 << 20, np.int64) for _ in range(3)]
+        for i in (2, 0, 1):
+            await dist.recv(got_big[i], 0, tag=100 + i)
+        got = []
+        for _ in range(150):
+            x = np.zeros(60_000 // 8, np.int64)
+            await dist.recv(x, 0, tag=7)
+            got.append(int(x[0]) if (x == x[0]).all() else -1)
+        out["small"] = got
+        out["big"] = [bool((g == np.arange(1 << 20) * (i + 1)).all()) for i, g in enumerate(got_big)]
+    out["shm_bytes"] = _transport().shm_bytes
+    await dist.barrier()
+    await dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.parametrize("mode", ["1", "copy"])
+def test_messages_before_their_receives_and_a_full_ring(mode: str) -> None:
+    res = spawn(_early_and_many, 2, env={"AIODIST_SHM": mode}, timeout=100)
+    assert res[1]["small"] == list(range(150))
+    assert res[1]["big"] == [True] * 3
+    assert res[1]["shm_bytes"][1] >= 150 * 60_000 + 3 * (8 << 20)
+
+
+async def _mismatch(rank: int, size: int) -> str:
+    await dist.init_process_group("tcp", "env://", timeout=30)
+    assert _transport().local_peers() == [1 - rank]
+    try:
+        await dist.all_reduce(np.zeros(100_000 if rank == 0 else 200_000, np.float32))
+        return "no error"
+    except dist.CollectiveMismatchError as exc:
+        return str(exc)
+    finally:
+        await dist.destroy_process_group()
+
+
+def test_mismatch_is_caught_over_shared_memory() -> None:
+    """Sizes and fingerprints travel with every shared-memory message, as on TCP."""
+    res = spawn(_mismatch, 2, timeout=60)
+    for msg in res:
+        assert "rank 0" in msg and "rank 1" in msg, msg
