@@ -19,8 +19,8 @@ from support.launcher import SCRIPTS, launch
 
 import aiodist as dist
 from aiodist.face.world import world
-from aiodist.transport import shm_segment
 from aiodist.testing import spawn
+from aiodist.transport import shm_segment
 
 pytestmark = pytest.mark.timeout(90)
 
