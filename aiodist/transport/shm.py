@@ -151,6 +151,7 @@ class _Link:
         self.paths = paths
         self.peer = peer
         self.host = ""  # the peer's host identity (from its hello)
+        self.peer_pid = 0  # the process whose memory single-copy reads may read (from its offer)
         self.out_state = _PENDING
         self.in_state = _PENDING
         self.out_seg: Segment | None = None
@@ -171,6 +172,7 @@ class _Link:
         self.park_timer: asyncio.TimerHandle | None = None
         self.park_expired = False
         self.stalled = False  # the next record waits for a receive or for room under the cap
+        self.need = 0  # bytes the next record needs under the cap (0: it waits for its receive)
         self.broken: BaseException | None = None
 
     # -- writing -------------------------------------------------------------------------
@@ -290,6 +292,7 @@ class _Link:
                     self.stalled = True
                     break
                 self.stalled = False
+                self.need = 0
                 inp.advance(rlen)
                 freed = True
                 if self.busy:
@@ -320,7 +323,7 @@ class _Link:
             if target is DISCARD:
                 return True
             if n and not paths.room_for(n):
-                return False
+                return self._no_room(n)
             paths.bytes_received += n
             mailbox.deliver(self.peer, key, fp, payload, owned=False)
             return True
@@ -332,11 +335,13 @@ class _Link:
                 self.part = _Part(key, fp, n, None, None, held=False)
             else:
                 if not paths.room_for(n):
-                    return False
+                    return self._no_room(n)
                 paths.reserve(n)
                 self.part = _Part(key, fp, n, memoryview(bytearray(n)), None, held=True)
             return self._piece(payload)
-        # DESC
+        # DESC: only ever a read of the process that offered the segment (and passed the probe)
+        if rh.pid != self.peer_pid:
+            raise ProtocolError(f"rank {self.peer} sent a descriptor of another process ({rh.pid})")
         target = mailbox.match(self.peer, key, n, fp)
         if isinstance(target, PendingRecv):
             self._stop_parking()
@@ -349,16 +354,21 @@ class _Link:
         # Not posted yet: usually the receive is a moment away (the sender is one call ahead);
         # wait for it briefly, then read into a held buffer so that records behind this one
         # (and the sender's send) are not held up by a receive that may never come.
+        self.need = 0
         if not self.park_expired:
             if self.park_timer is None:
                 self.park_timer = paths.loop.call_later(min(0.05, max(0.005, n / 1e9)), self._park_over)
             return False
         if not paths.room_for(n):
-            return False
+            return self._no_room(n)
         self._stop_parking()
         paths.reserve(n)
         self._start_read(rh.pid, rh.addr, memoryview(bytearray(n)), None, key, fp)
         return True
+
+    def _no_room(self, n: int) -> bool:
+        self.need = n
+        return False
 
     def _piece(self, payload: memoryview) -> bool:
         part = self.part
@@ -631,6 +641,7 @@ class ShmPaths:
         echo = os.urandom(16)
         seg.view[ECHO] = echo
         link.in_seg = seg
+        link.peer_pid = offer.pid if cma else 0
         self.send_frame(link.peer, ShmAccept(echo, cma))
 
     def _refuse(self, link: _Link, why: str) -> None:
@@ -718,6 +729,10 @@ class ShmPaths:
     def stalled(self) -> bool:
         """Some link waits for a receive to be posted or for room under the unexpected cap."""
         return any(link.stalled for link in self.links.values())
+
+    def capped(self) -> list[tuple[int, int]]:
+        """(peer, bytes needed) of the links whose next record waits for room under the cap."""
+        return [(p, link.need) for p, link in self.links.items() if link.stalled and link.need]
 
     def retry(self) -> None:
         """A receive was posted or held memory freed: records that waited may go on."""

@@ -167,9 +167,10 @@ class Segment:
         mm, self._mm = self._mm, None
         if mm is None:
             return
-        for v in (self.data, self.words, self.view):
-            v.release()
-        with contextlib.suppress(BufferError):  # a view still exported: the mapping goes with it
+        # (a view still exported somewhere: the mapping goes when it does)
+        with contextlib.suppress(BufferError):
+            for v in (self.data, self.words, self.view):
+                v.release()
             mm.close()
 
 

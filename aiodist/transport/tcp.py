@@ -661,11 +661,13 @@ class TcpTransport(Transport):
         self._schedule_retry()  # a paused message may belong to the abandoned operation
 
     def stall_note(self) -> str:
-        capped = [p for p in self._deferred if p._deferred_bytes]  # not those merely parked
+        # (not those merely parked: they wait a moment for their receive, not for room)
+        capped = [(p.peer, p._deferred_bytes) for p in self._deferred if p._deferred_bytes]
+        capped += self._shm.capped()
         if not capped:
             return ""
-        ranks = sorted(p.peer for p in capped)
-        biggest = max(p._deferred_bytes for p in capped)
+        ranks = sorted({peer for peer, _ in capped})
+        biggest = max(need for _, need in capped)
         held = self.mailbox.unexpected_bytes + self._incoming
         return (
             f"; reading from rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} is paused: "

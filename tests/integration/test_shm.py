@@ -150,3 +150,87 @@ def test_mismatch_is_caught_over_shared_memory() -> None:
     res = spawn(_mismatch, 2, timeout=60)
     for msg in res:
         assert "rank 0" in msg and "rank 1" in msg, msg
+
+
+# -- in one process: both ends' insides in view -----------------------------------------------
+
+
+async def _mesh(n: int, cap: int) -> list[Any]:
+    from aiodist.transport.tcp import TcpTransport
+
+    ts = [TcpTransport(r, n, job="shm-test", secret=b"s") for r in range(n)]
+    for t in ts:
+        t.mailbox.unexpected_cap = cap
+    ports = [await t.listen("127.0.0.1") for t in ts]
+    await asyncio.gather(
+        *(ts[r].connect(p, "127.0.0.1", ports[p], 5.0) for r in range(n) for p in range(r)),
+        *(ts[r].expect(p) for r in range(n) for p in range(r + 1, n)),
+    )
+    await asyncio.gather(*(t.shm_settled() for t in ts))
+    assert all(t.local_peers() for t in ts)
+    return ts
+
+
+def _groups(ts: list[Any]) -> list[Any]:
+    from aiodist.group import ProcessGroup
+
+    return [ProcessGroup(t, range(len(ts)), 0, timeout=30) for t in ts]
+
+
+@pytest.mark.timeout(30)
+async def test_unexpected_messages_never_exceed_the_cap() -> None:
+    cap = 1 << 20
+    ts = await _mesh(2, cap)
+    mb = ts[0].mailbox
+    peak = 0
+    real = mb.deliver
+
+    def spy(*args: Any, **kwargs: Any) -> None:
+        nonlocal peak
+        real(*args, **kwargs)
+        peak = max(peak, mb.unexpected_bytes + ts[0]._incoming)
+
+    mb.deliver = spy
+    try:
+        g0, g1 = _groups(ts)
+        small = [np.full(16 * 1024, i, np.float32) for i in range(40)]  # 40 x 64 KiB eager, tag 1
+        big = np.arange(4 << 20, dtype=np.float32)  # 16 MiB, tag 2: alone more than the cap
+        sends = [g1.send(a, 0, tag=1) for a in small] + [g1.send(big, 0, tag=2)]
+        await asyncio.sleep(0.3)
+        assert mb.unexpected_bytes + ts[0]._incoming <= cap
+        assert ts[0]._shm.capped()  # reading from rank 1 waits, not buffering without bound
+        got_big = np.zeros_like(big)
+        got_small = [np.zeros_like(a) for a in small]
+        recvs = [g0.recv(b, 1, tag=1) for b in got_small]
+        recvs.append(g0.recv(got_big, 1, tag=2))
+        await asyncio.wait_for(asyncio.gather(*recvs, *sends), 10)
+        assert all((a == b).all() for a, b in zip(small, got_small, strict=True))
+        assert (got_big == big).all()
+        assert peak <= cap and mb.unexpected_bytes == 0 and not ts[0]._shm.capped()
+        assert ts[0].shm_bytes[1] >= big.nbytes
+    finally:
+        for t in ts:
+            t.abort()
+
+
+@pytest.mark.timeout(30)
+async def test_timeout_while_waiting_for_room_says_why_and_recovers() -> None:
+    ts = await _mesh(2, 256 * 1024)
+    try:
+        g0, g1 = _groups(ts)
+        blocks = [np.full(8 * 1024, i, np.float64) for i in range(8)]  # 8 x 64 KiB on tag 1
+        s1 = [g1.send(b, 0, tag=1) for b in blocks]
+        s2 = g1.send(np.array([42.0]), 0, tag=2)  # behind them
+        small = np.zeros(1)
+        with pytest.raises(dist.DistTimeoutError, match=r"paused.*AIODIST_UNEXPECTED_CAP"):
+            await g0.recv(small, 1, tag=2, timeout=0.5)
+        for i in range(8):
+            got = np.zeros(8 * 1024)
+            await asyncio.wait_for(g0.recv(got, 1, tag=1), 5)
+            assert (got == i).all()
+        await asyncio.wait_for(g0.recv(small, 1, tag=2), 5)
+        assert small[0] == 42.0
+        await asyncio.gather(*s1, s2)
+    finally:
+        for t in ts:
+            t.abort()
