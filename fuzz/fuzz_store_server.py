@@ -1,7 +1,7 @@
 """atheris target: the store server's request path, after authentication.
 
 Bytes are parsed into frames with the server's limits, each frame validated by
-``parse_request`` and dispatched to a real ``StoreServer`` through a connection stand-in, on
+``decode_request`` (``aiodist.wire.store``) and dispatched to a real ``StoreServer`` through a connection stand-in, on
 one event loop. A request the server cannot accept must end in ``ProtocolError`` (the real
 server then drops that connection); anything else escaping is a bug.
 Run: ``python fuzz/fuzz_store_server.py -max_total_time=600``.
@@ -19,8 +19,9 @@ import atheris
 
 with atheris.instrument_imports():
     from aiodist.store.memory import KeyTable
-    from aiodist.store.server import SERVER_LIMITS, StoreServer, parse_request
+    from aiodist.store.server import SERVER_LIMITS, StoreServer
     from aiodist.wire.frames import FrameReader, ProtocolError
+    from aiodist.wire.store import decode_request
 
 LOOP = asyncio.new_event_loop()
 SERVER = StoreServer("127.0.0.1", 0, secret=b"fuzz")
@@ -33,7 +34,7 @@ class FakeConn:
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.sent = 0
 
-    def send(self, header: list[Any], values: Sequence[bytes] = ()) -> None:
+    def send(self, frame: bytes, values: Sequence[bytes] = ()) -> None:
         self.sent += 1
 
 
@@ -46,7 +47,7 @@ async def feed(stream: bytes) -> None:
         reader.feed(stream)
     try:
         for header, payload in frames:
-            SERVER._dispatch(conn, parse_request(header, payload))  # type: ignore[arg-type]
+            SERVER._dispatch(conn, decode_request(header, payload))  # type: ignore[arg-type]
     except ProtocolError:
         pass
     await asyncio.sleep(0)

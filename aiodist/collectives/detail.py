@@ -7,7 +7,8 @@ mixes with data, and a check of one operation never with another's), and waits f
 everyone's. Every rank then holds the same table, so all of them reach the same verdict:
 ranks that disagree give a ``CollectiveMismatchError`` on every rank listing each rank's
 call; a rank that never arrives gives a ``DistTimeoutError`` naming it, shortly before the
-operation's own timeout. n(n-1) messages of ``_SLOT`` bytes: a debugging aid, not free.
+operation's own timeout. n(n-1) messages of ``SLOT`` bytes (their format:
+``aiodist.wire.detail``): a debugging aid, not free.
 """
 
 from __future__ import annotations
@@ -16,15 +17,14 @@ import asyncio
 import os
 from typing import Any
 
-import msgpack
-
 from aiodist.collectives.context import OpContext
 from aiodist.errors import CollectiveMismatchError, DistTimeoutError, name_ranks
 from aiodist.transport.base import CTRL, describe_fingerprint
+from aiodist.wire.detail import SLOT, decode_slot, encode_slot
+from aiodist.wire.fingerprint import Fingerprint
+from aiodist.wire.frames import ProtocolError
 
 __all__ = ["check_fingerprints", "detail_enabled"]
-
-_SLOT = 512  # bytes per encoded fingerprint (2-byte length, msgpack, zero padding)
 
 
 def detail_enabled() -> bool:
@@ -32,19 +32,10 @@ def detail_enabled() -> bool:
     return os.environ.get("AIODIST_DEBUG", "").strip().upper() == "DETAIL"
 
 
-def _encode(fp: Any) -> memoryview:
-    raw = msgpack.packb(fp, use_bin_type=True)[: _SLOT - 2]
-    buf = bytearray(_SLOT)
-    buf[:2] = len(raw).to_bytes(2, "little")
-    buf[2 : 2 + len(raw)] = raw
-    return memoryview(buf)
-
-
-def _decode(buf: bytearray) -> Any:
-    n = int.from_bytes(buf[:2], "little")
+def _read(slot: bytearray) -> Fingerprint:
     try:
-        return msgpack.unpackb(bytes(buf[2 : 2 + n]), raw=False)
-    except Exception:  # a peer of another version: show what it sent rather than crash
+        return decode_slot(slot)
+    except ProtocolError:  # a peer of another version: show what it sent rather than crash
         return ["<undecodable fingerprint>"]
 
 
@@ -71,8 +62,8 @@ async def _check(ctx: OpContext, timeout: float | None) -> None:
         return
     key = (ctx.key[0], CTRL, ctx.key[2])
     transport = ctx.transport
-    mine = _encode(ctx.fp)
-    bufs = {p: bytearray(_SLOT) for p in range(n) if p != r}
+    mine = encode_slot(ctx.fp)
+    bufs = {p: bytearray(SLOT) for p in range(n) if p != r}
     recvs = {p: transport.recv(ctx.ranks[p], key, memoryview(b)) for p, b in bufs.items()}
     sends = [transport.send(ctx.ranks[p], key, mine) for p in bufs]
     try:
@@ -95,7 +86,7 @@ async def _check(ctx: OpContext, timeout: float | None) -> None:
         await s
     table = {ctx.ranks[r]: list(ctx.fp or [])}
     for p, b in bufs.items():
-        table[ctx.ranks[p]] = list(_decode(b))
+        table[ctx.ranks[p]] = _read(b)
     if all(fp == table[ctx.ranks[r]] for fp in table.values()):
         return
     groups: dict[str, list[int]] = {}

@@ -15,7 +15,6 @@ import contextlib
 import random
 import socket
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from aiodist.errors import DistStoreError, DistTypeError, DistValueError
@@ -52,6 +51,9 @@ from aiodist.wire.store import (
     MAX_KEY_BYTES,
     MAX_REQUEST_KEYS,
     MAX_VALUE_BYTES,
+    Response,
+    decode_response,
+    encode_request,
 )
 
 __all__ = ["TCPStore"]
@@ -66,21 +68,6 @@ _GRACE = 2.0
 SILENCE_VERDICT = 3.0
 _KEY_BYTES_PER_REQUEST = 256 << 10
 _PAYLOAD_PER_REQUEST = 2 * MAX_VALUE_BYTES
-
-
-@dataclass(frozen=True, slots=True)
-class _Response:
-    status: str
-    lens: list[int]
-    result: Any
-    payload: memoryview
-
-    def values(self) -> list[bytes]:
-        out, pos = [], 0
-        for n in self.lens:
-            out.append(bytes(self.payload[pos : pos + n]))
-            pos += n
-        return out
 
 
 def _collect(_header: Any, _payload_len: int) -> memoryview | None:
@@ -162,7 +149,7 @@ class TCPStore(Store):
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._read_task: asyncio.Task[None] | None = None
-        self._pending: dict[int, asyncio.Future[_Response]] = {}
+        self._pending: dict[int, asyncio.Future[Response]] = {}
         self._next_rid = 1
         self._start_lock = asyncio.Lock()
         self._closed = False
@@ -436,23 +423,17 @@ class TCPStore(Store):
             self._writer.transport.abort()
 
     def _on_frame(self, header: Any, payload: memoryview) -> None:
-        if not (isinstance(header, list) and len(header) == 4 and isinstance(header[0], int)):
-            raise ProtocolError("malformed store response")
-        rid, status, lens, result = header
-        if rid == 0 and status == "closing":  # the server's notice that it shuts down in order
+        resp = decode_response(header, payload)
+        if resp.closing:  # the server's notice that it shuts down in order
             self._host_closing = True
             # Half-close, so that the server closes a socket with nothing unread (no reset).
             if self._writer is not None and self._writer.can_write_eof():
                 with contextlib.suppress(OSError):
                     self._writer.write_eof()
             return
-        if not (isinstance(lens, list) and all(isinstance(n, int) and n >= 0 for n in lens)) or sum(
-            lens
-        ) != len(payload):
-            raise ProtocolError("store response lengths do not match its payload")
-        fut = self._pending.pop(rid, None)
+        fut = self._pending.pop(resp.rid, None)
         if fut is not None and not fut.done():  # else: a request we withdrew
-            fut.set_result(_Response(str(status), lens, result, payload))
+            fut.set_result(resp)
 
     def _fail_pending(
         self, msg: str, cause: BaseException | None, cls: type[DistStoreError] = DistStoreError
@@ -469,7 +450,7 @@ class TCPStore(Store):
         self._pending.pop(rid, None)
         if self._writer is not None and self._failure is None and not self._writer.is_closing():
             cancel_rid, self._next_rid = self._next_rid, self._next_rid + 1
-            self._writer.write(encode_frame(["cancel", cancel_rid, [], [], rid]))
+            self._writer.write(encode_request("cancel", cancel_rid, [], (), rid))
 
     async def _call(
         self,
@@ -479,7 +460,7 @@ class TCPStore(Store):
         arg: Any = None,
         wait: float | None = None,
         asked: float | None = None,
-    ) -> _Response:
+    ) -> Response:
         """Send one request and wait for its response.
 
         ``wait`` is the time the server was told to wait (for waiting ops); ``asked`` the timeout
@@ -491,11 +472,9 @@ class TCPStore(Store):
         if writer is None:  # start() returned without a connection only if it raised
             raise DistStoreError(f"the TCPStore for {self._addr} is not connected")
         rid, self._next_rid = self._next_rid, self._next_rid + 1
-        fut: asyncio.Future[_Response] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
-        writer.writelines(
-            [encode_frame([op, rid, keys, [len(v) for v in values], arg], sum(map(len, values))), *values]
-        )
+        writer.writelines([encode_request(op, rid, keys, values, arg), *values])
         try:
             with contextlib.suppress(OSError):  # a lost connection is reported by the read loop
                 await writer.drain()

@@ -1,17 +1,8 @@
 """The TCP store server, and the request/response protocol it speaks with ``TCPStore``.
 
-Protocol (after the handshake of ``aiodist.wire.handshake``, job ``"aiodist-store"``), one
-frame per message, values travelling as the frame payload, never inside msgpack::
-
-    request : [op, rid, keys, lens, arg]      payload = the values, concatenated
-    response: [rid, status, lens, result]     payload = the values, concatenated
-
-``rid`` is chosen by the client and unique per connection, so one connection carries many
-concurrent requests; responses come back in any order. ``status`` is ``"ok"``, ``"timeout"``
-(``result`` lists missing keys), ``"value_error"`` or ``"error"`` (``result`` is a message).
-A ``"cancel"`` request (``arg`` = the rid) withdraws a waiting request and gets no response.
-When the server shuts down in order (``aclose``) it sends ``[0, "closing", [], None]`` to every
-authenticated client first (rid 0 is never a request's), so a client can tell that from a crash.
+The protocol (requests, responses, the closing notice) is ``aiodist.wire.store``: one frame per
+message, values travelling as the frame payload; requests carry a client-chosen id, so one
+connection carries many concurrent requests, answered in any order.
 
 The server survives any client: a connection that breaks the protocol, fails the handshake or
 does not finish it within ``handshake_timeout`` is dropped with one rate-limited warning that
@@ -27,16 +18,15 @@ import math
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
 from aiodist.errors import DistStoreError, DistValueError
-from aiodist.store.base import INT64_MAX, INT64_MIN
 from aiodist.store.memory import KeyTable
 from aiodist.wire.frames import FrameReader, Limits, ProtocolError, encode_frame
 from aiodist.wire.handshake import (
     AuthError,
+    Refusal,
     accept_hello,
     handshake_timeout_from_env,
     make_challenge,
@@ -50,7 +40,12 @@ from aiodist.wire.store import (
     MAX_KEY_BYTES,
     MAX_REQUEST_KEYS,
     MAX_VALUE_BYTES,
+    OPS,
     SERVER_LIMITS,
+    Request,
+    decode_request,
+    encode_closing,
+    encode_response,
 )
 
 __all__ = [
@@ -72,79 +67,6 @@ _MAX_WAITS_PER_CONNECTION = 1 << 16
 # so the client would see a crash instead of an orderly shutdown.
 _CLOSE_GRACE = 0.5
 _TIMEOUT_KEYS_REPORTED = 64
-
-
-@dataclass(frozen=True, slots=True)
-class _OpShape:
-    keys: int  # exact number of keys, or -1 for any
-    values: int  # exact number of values, -1 for "one per key"
-    arg: str  # "none", "timeout", "int"
-    waits: bool  # may block until keys appear
-
-
-_OPS: dict[str, _OpShape] = {
-    "set": _OpShape(1, 1, "none", False),
-    "get": _OpShape(1, 0, "timeout", True),
-    "add": _OpShape(1, 0, "int", False),
-    "compare_set": _OpShape(1, 2, "none", False),
-    "wait": _OpShape(-1, 0, "timeout", True),
-    "check": _OpShape(-1, 0, "none", False),
-    "delete_key": _OpShape(1, 0, "none", False),
-    "num_keys": _OpShape(0, 0, "none", False),
-    "append": _OpShape(1, 1, "none", False),
-    "multi_get": _OpShape(-1, 0, "timeout", True),
-    "multi_set": _OpShape(-1, -1, "none", False),
-    "cancel": _OpShape(0, 0, "int", False),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class _Request:
-    op: str
-    rid: int
-    keys: list[str]
-    values: list[bytes]
-    arg: Any
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def parse_request(header: Any, payload: memoryview) -> _Request:
-    """Validate one request frame; anything unexpected is a ``ProtocolError`` (the connection dies)."""
-    if not (isinstance(header, list) and len(header) == 5):
-        raise ProtocolError("malformed store request")
-    op, rid, keys, lens, arg = header
-    shape = _OPS.get(op) if isinstance(op, str) else None
-    if shape is None:
-        raise ProtocolError(f"unknown store operation {str(op)[:40]!r}")
-    if not _is_int(rid):
-        raise ProtocolError("malformed store request id")
-    if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)):
-        raise ProtocolError(f"malformed keys in store request {op}")
-    if not (
-        isinstance(lens, list) and all(_is_int(n) and n >= 0 for n in lens) and sum(lens) == len(payload)
-    ):
-        raise ProtocolError(f"value lengths of store request {op} do not match its payload")
-    if shape.keys >= 0 and len(keys) != shape.keys:
-        raise ProtocolError(f"store request {op} needs {shape.keys} keys, got {len(keys)}")
-    if len(lens) != (len(keys) if shape.values < 0 else shape.values):
-        raise ProtocolError(f"store request {op} carries {len(lens)} values")
-    if shape.arg == "none" and arg is not None:
-        raise ProtocolError(f"store request {op} takes no argument")
-    if shape.arg == "int" and not (_is_int(arg) and INT64_MIN <= arg <= INT64_MAX):
-        raise ProtocolError(f"store request {op} needs an integer argument")
-    if shape.arg == "timeout" and not (
-        isinstance(arg, int | float) and not isinstance(arg, bool) and arg >= 0
-    ):
-        raise ProtocolError(f"store request {op} needs a non-negative timeout")
-    values: list[bytes] = []
-    pos = 0
-    for n in lens:
-        values.append(bytes(payload[pos : pos + n]))
-        pos += n
-    return _Request(op, rid, keys, values, arg)
 
 
 def _peer_name(writer: asyncio.StreamWriter) -> tuple[str, str]:
@@ -193,10 +115,11 @@ class _Conn:
         self.poisoned = False
         self.authenticated = False
 
-    def send(self, header: list[Any], values: Sequence[bytes] = ()) -> None:
+    def send(self, frame: bytes, values: Sequence[bytes] = ()) -> None:
+        """Write one frame (prefix and header, encoded by ``aiodist.wire``) and its values."""
         if self.writer.is_closing():
             return
-        self.writer.writelines([encode_frame(header, sum(len(v) for v in values)), *values])
+        self.writer.writelines([frame, *values])
 
     def close(self) -> None:
         for task in self.tasks.values():
@@ -338,7 +261,7 @@ class StoreServer:
             server.close()
         for conn in self._conns:
             if conn.authenticated:  # "shutting down in order": a client may look for a later store
-                conn.send([0, "closing", [], None])
+                conn.send(encode_closing())
         handlers = list(self._handlers)
         if handlers:  # clients half-close on the notice; their handlers then end on their own
             await asyncio.wait(handlers, timeout=_CLOSE_GRACE)
@@ -435,12 +358,12 @@ class StoreServer:
         if authenticated:
             conn.authenticated = True
             if self._closed:  # welcomed while aclose ran: it missed the notice the others got
-                conn.send([0, "closing", [], None])
+                conn.send(encode_closing())
             await self._serve(conn)
 
     async def _handshake(self, conn: _Conn) -> bool:
         challenge = make_challenge()
-        conn.send(challenge.pack())
+        conn.send(encode_frame(challenge.pack()))
         frames: list[Any] = []
         reader = FrameReader(_collect, lambda h, _p: frames.append(h), HANDSHAKE_LIMITS, scratch_size=4096)
         while not frames:
@@ -457,11 +380,11 @@ class StoreServer:
         try:
             hello = accept_hello(challenge, frames[0], JOB, self._secret)
         except AuthError as exc:
-            conn.send(["refused", f"authentication failed: {str(exc)[:200]}"])
+            conn.send(encode_frame(Refusal(f"authentication failed: {str(exc)[:200]}").pack()))
             # (rate-limited apart from garbage: a refused secret must not hide behind noise)
             self._warner.warn(f"{conn.host} auth", "store server refused %s: %s", conn.addr, exc)
             return False
-        conn.send(make_welcome(challenge, hello, JOB, -1, self._secret).pack())
+        conn.send(encode_frame(make_welcome(challenge, hello, JOB, -1, self._secret).pack()))
         return True
 
     async def _serve(self, conn: _Conn) -> None:
@@ -473,18 +396,18 @@ class StoreServer:
                 return
             reader.feed(data)
             for header, payload in frames:
-                self._dispatch(conn, parse_request(header, payload))
+                self._dispatch(conn, decode_request(header, payload))
             frames.clear()
             await conn.writer.drain()
 
     # -- requests ------------------------------------------------------------------------
-    def _dispatch(self, conn: _Conn, req: _Request) -> None:
+    def _dispatch(self, conn: _Conn, req: Request) -> None:
         if req.op == "cancel":
             task = conn.tasks.pop(req.arg, None)
             if task is not None:
                 task.cancel()
             return
-        if _OPS[req.op].waits:
+        if OPS[req.op].waits:
             if req.rid in conn.tasks:
                 raise ProtocolError(f"request id {req.rid} is already in use")
             if self._table.check(req.keys) or req.arg == 0:
@@ -503,11 +426,11 @@ class StoreServer:
         try:
             result, values = self._apply(req)
         except DistValueError as exc:
-            conn.send([req.rid, "value_error", [], str(exc)[:4096]])
+            conn.send(encode_response(req.rid, "value_error", str(exc)[:4096]))
             return
-        conn.send([req.rid, "ok", [len(v) for v in values], result], values)
+        conn.send(encode_response(req.rid, "ok", result, values), values)
 
-    def _apply(self, req: _Request) -> tuple[Any, list[bytes]]:
+    def _apply(self, req: Request) -> tuple[Any, list[bytes]]:
         t, keys, values = self._table, req.keys, req.values
         match req.op:
             case "set":
@@ -526,23 +449,23 @@ class StoreServer:
                 t.append(keys[0], values[0])
             case "multi_set":
                 t.multi_set(keys, values)
-            case _:  # parse_request admits no other op
+            case _:  # decode_request admits no other op
                 raise ProtocolError(f"unknown store operation {req.op!r}")
         return None, []
 
-    async def _wait(self, conn: _Conn, req: _Request) -> None:
+    async def _wait(self, conn: _Conn, req: Request) -> None:
         timeout = float(req.arg)
         missing = await self._table.wait(req.keys, math.inf if math.isinf(timeout) else timeout)
         self._answer_wait(conn, req, missing)
 
-    def _answer_wait(self, conn: _Conn, req: _Request, missing: list[str]) -> None:
+    def _answer_wait(self, conn: _Conn, req: Request, missing: list[str]) -> None:
         if missing:
-            conn.send([req.rid, "timeout", [], missing[:_TIMEOUT_KEYS_REPORTED]])
+            conn.send(encode_response(req.rid, "timeout", missing[:_TIMEOUT_KEYS_REPORTED]))
         elif req.op == "wait":
-            conn.send([req.rid, "ok", [], None])
+            conn.send(encode_response(req.rid, "ok"))
         else:
             values = self._table.values(req.keys)
-            conn.send([req.rid, "ok", [len(v) for v in values], None], values)
+            conn.send(encode_response(req.rid, "ok", None, values), values)
 
 
 def _collect(_header: Any, _payload_len: int) -> memoryview | None:

@@ -24,11 +24,11 @@ import sys
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 from aiodist.errors import CollectiveMismatchError, DistError, DistNetworkError, GroupOutOfStepError
 from aiodist.wire.control import Control, Goodbye
-from aiodist.wire.fingerprint import OpFingerprint
+from aiodist.wire.fingerprint import Fingerprint, OpFingerprint
+from aiodist.wire.messages import Key
 
 __all__ = [
     "COLL",
@@ -47,10 +47,6 @@ __all__ = [
 COLL = 0
 P2P = 1
 CTRL = 2  # group-internal control traffic (e.g. DETAIL-mode checks)
-
-Key = tuple[int, int, int]
-# (op name, sequence number, dtype, count, root, reduce op) for collectives; (op, dtype, count) for p2p.
-Fingerprint = list[Any]
 
 # Bytes of messages held because they arrived before their receive was posted (per
 # transport). ``AIODIST_UNEXPECTED_CAP`` overrides it.

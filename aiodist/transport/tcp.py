@@ -34,12 +34,13 @@ from aiodist.errors import DistError, DistNetworkError, DistTimeoutError
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.transport.base import DISCARD, Fingerprint, Key, PendingRecv, Transport
 from aiodist.transport.shm import SETUP_TIMEOUT, ShmPaths
-from aiodist.wire.control import Control, Goodbye, decode_control
+from aiodist.wire.control import Control, Goodbye
 from aiodist.wire.frames import PAUSE, FrameReader, Limits, ProtocolError, encode_frame
 from aiodist.wire.handshake import (
     AuthError,
     Challenge,
     Hello,
+    Refusal,
     accept_hello,
     handshake_timeout_from_env,
     make_challenge,
@@ -48,19 +49,14 @@ from aiodist.wire.handshake import (
     parse_challenge,
     verify_welcome,
 )
-from aiodist.wire.shm import ShmBell, ShmMessage, decode_shm
+from aiodist.wire.messages import Abort, Bye, ControlFrame, Data, Mismatch, ShmFrame, encode_data
+from aiodist.wire.messages import decode as decode_message
+from aiodist.wire.messages import encode as encode_message
+from aiodist.wire.shm import ShmBell, ShmMessage
 
 __all__ = ["TcpTransport"]
 
 log = logging.getLogger("aiodist.transport")
-
-KIND_DATA = 0
-KIND_MISMATCH = 1
-KIND_ABORT = 2
-KIND_BYE = 3  # an orderly goodbye: the peer is leaving, and says how (a Goodbye)
-KIND_CTRL = 4  # a control message of a group (aiodist.wire.control), answered by the runtime
-KIND_SHM = 5  # shared-memory setup and doorbells (aiodist.wire.shm), see aiodist.transport.shm
-_BELL_FRAME = encode_frame([KIND_SHM, 0, 0, 0, ShmBell().encode()])
 
 # Payloads up to this size are joined with their header into one bytes object: one small
 # copy is cheaper than a second buffer in the write queue.
@@ -74,6 +70,7 @@ PEER_HANDSHAKE_LIMITS = Limits(
 )
 _HANDSHAKE_SCRATCH = 4096
 _EMPTY = memoryview(b"")
+_BELL_FRAME = encode_message(ShmFrame(ShmBell()))  # the doorbell of shared memory, sent often
 _DATA_SCRATCH = 256 * 1024
 # How long aclose() waits for peers to close their side after our goodbye.
 LEAVE_TIMEOUT = 2.0
@@ -230,6 +227,7 @@ class _PeerProtocol(asyncio.BufferedProtocol):
 
     # -- receiving --------------------------------------------------------------------
     def _on_header(self, header: Any, nbytes: int) -> memoryview | None:
+        """Decode a frame's header and hand the message to its handler; where its payload goes."""
         if self.peer < 0:
             if nbytes:
                 raise ProtocolError("handshake frame with a payload")
@@ -238,86 +236,57 @@ class _PeerProtocol(asyncio.BufferedProtocol):
             self._handshake_step(header)
             return None
         try:
-            kind, gid, chan, n, fp = header
-        except (TypeError, ValueError):
-            raise ProtocolError(f"malformed message header from rank {self.peer}") from None
-        if not (type(kind) is int and type(gid) is int and type(chan) is int and type(n) is int):
-            raise ProtocolError(f"malformed message header from rank {self.peer}")
+            msg = decode_message(header, nbytes)
+        except ProtocolError as exc:
+            raise ProtocolError(f"{exc} from rank {self.peer}") from None
         # What the peer wrote to shared memory before this frame comes before it.
         self.owner._shm.drain_from(self.peer)
-        if kind == KIND_SHM:
-            if nbytes:
-                raise ProtocolError(f"malformed shared-memory message from rank {self.peer}")
-            self.owner._shm.message(self.peer, decode_shm(fp))
-            self._target = DISCARD
+        if type(msg) is Data:
+            return self._on_data(msg, nbytes)
+        self._target = DISCARD  # the other kinds carry no payload
+        if type(msg) is ShmFrame:
+            self.owner._shm.message(self.peer, msg.message)
             return None
-        if kind == KIND_DATA:
-            if fp is not None and not isinstance(fp, list):
-                raise ProtocolError(f"malformed message fingerprint from rank {self.peer}")
-            owner = self.owner
-            if owner._closing:
-                self._target = DISCARD  # we said goodbye: nothing that arrives matters now
-                return None
-            key = (gid, chan, n)
-            target = owner.mailbox.match(self.peer, key, nbytes, fp)
-            if target is None and nbytes and not owner._room_for(nbytes):
-                # Holding it would exceed the cap: leave it unread until a receive is
-                # posted for it or held messages are consumed (backpressure, bounded memory).
-                self._deferred_bytes = nbytes
-                owner._deferred.add(self)
-                if self.transport is not None:
-                    self.transport.pause_reading()
-                return cast(memoryview, PAUSE)
-            if target is None and nbytes >= _PARK_BYTES and self._park(nbytes):
-                return cast(memoryview, PAUSE)
-            if self._park_timer is not None:
-                self._stop_parking()
-            self._deferred_bytes = 0
-            self._target = target
-            if isinstance(target, PendingRecv):
-                return target.buf
-            if target is None:
-                self._reserved = nbytes
-                owner._incoming += nbytes
-            self._key, self._fp = key, fp
-            return None
-        if kind == KIND_MISMATCH:
-            if nbytes or not isinstance(fp, list) or len(fp) != 2:
-                raise ProtocolError(f"malformed mismatch report from rank {self.peer}")
-            self.owner._mismatch_reported(self.peer, (gid, chan, n), fp[0], fp[1])
-            self._target = DISCARD
-            return None
-        if kind == KIND_ABORT:
-            # fp: the reason (a lost peer), or [kind, reason]
-            if isinstance(fp, str):
-                fp = ["network", fp]
-            if nbytes or not (
-                isinstance(fp, list) and len(fp) == 2 and isinstance(fp[0], str) and isinstance(fp[1], str)
-            ):
-                raise ProtocolError(f"malformed abort notice from rank {self.peer}")
-            self.owner._abort_reported(self.peer, (gid, chan, n), fp[1], fp[0])
-            self._target = DISCARD
-            return None
-        if kind == KIND_BYE:
-            if nbytes:
-                raise ProtocolError(f"malformed goodbye from rank {self.peer}")
+        if type(msg) is Mismatch:
+            self.owner._mismatch_reported(self.peer, msg.key, msg.sent, msg.want)
+        elif type(msg) is Abort:
+            self.owner._abort_reported(self.peer, msg.key, msg.reason, msg.kind)
+        elif type(msg) is Bye:
             self.departed = True
-            if isinstance(fp, list):
-                bye = decode_control(fp)
-                self.goodbye = bye if isinstance(bye, Goodbye) else Goodbye()
-            elif isinstance(fp, str):  # a peer of an earlier version: the loss that made it leave
-                self.goodbye = Goodbye(after_loss=fp[:2000])
-            self._target = DISCARD
+            self.goodbye = msg.goodbye
+        elif type(msg) is ControlFrame and not self.owner._closing:
+            self.owner._control_received(self.peer, msg.control)
+        return None
+
+    def _on_data(self, msg: Data, nbytes: int) -> memoryview | None:
+        """Match a data message to its receive: its buffer, None (hold it), or PAUSE."""
+        owner = self.owner
+        if owner._closing:
+            self._target = DISCARD  # we said goodbye: nothing that arrives matters now
             return None
-        if kind == KIND_CTRL:
-            if nbytes:
-                raise ProtocolError(f"malformed control message from rank {self.peer}")
-            msg = decode_control(fp)
-            self._target = DISCARD
-            if not self.owner._closing:
-                self.owner._control_received(self.peer, msg)
-            return None
-        raise ProtocolError(f"unknown message kind {kind!r} from rank {self.peer}")
+        key, fp = msg
+        target = owner.mailbox.match(self.peer, key, nbytes, fp)
+        if target is None and nbytes and not owner._room_for(nbytes):
+            # Holding it would exceed the cap: leave it unread until a receive is
+            # posted for it or held messages are consumed (backpressure, bounded memory).
+            self._deferred_bytes = nbytes
+            owner._deferred.add(self)
+            if self.transport is not None:
+                self.transport.pause_reading()
+            return cast(memoryview, PAUSE)
+        if target is None and nbytes >= _PARK_BYTES and self._park(nbytes):
+            return cast(memoryview, PAUSE)
+        if self._park_timer is not None:
+            self._stop_parking()
+        self._deferred_bytes = 0
+        self._target = target
+        if isinstance(target, PendingRecv):
+            return target.buf
+        if target is None:
+            self._reserved = nbytes
+            owner._incoming += nbytes
+        self._key, self._fp = key, fp
+        return None
 
     def _on_frame(self, header: Any, payload: memoryview) -> None:
         target, self._target = self._target, None
@@ -380,11 +349,11 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         try:
             hello = accept_hello(self._challenge, msg, owner.job, owner.secret)
         except AuthError as exc:
-            self.transport.write(encode_frame(["refused", str(exc)[:500]]))
+            self.transport.write(encode_frame(Refusal(str(exc)).pack()))
             raise
         refusal = owner._check_newcomer(hello.rank)
         if refusal:
-            self.transport.write(encode_frame(["refused", refusal[:500]]))
+            self.transport.write(encode_frame(Refusal(refusal).pack()))
             raise AuthError(refusal)
         self.transport.write(
             encode_frame(make_welcome(self._challenge, hello, owner.job, owner.rank, owner.secret).pack())
@@ -555,16 +524,12 @@ class TcpTransport(Transport):
         link = self._shm.link_to(dst)
         if link is not None:
             return link.send(key, payload, fp)
-        return proto.write_message(
-            encode_frame([KIND_DATA, key[0], key[1], key[2], fp], payload.nbytes), payload
-        )
+        return proto.write_message(encode_data(key, fp, payload.nbytes), payload)
 
     def _send_mismatch(self, dst: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
         proto = self._peers.get(dst)
         if proto is not None and dst not in self.dead_peers and not self._closing:
-            proto.write_message(
-                encode_frame([KIND_MISMATCH, key[0], key[1], key[2], [sent, want]]), memoryview(b"")
-            )
+            proto.write_message(encode_message(Mismatch(key, sent, want)), memoryview(b""))
 
     def send_abort(self, dst: int, key: Key, reason: str, kind: str = "network") -> None:
         proto = self._peers.get(dst)
@@ -575,10 +540,7 @@ class TcpTransport(Transport):
             and proto.transport is not None
             and not self._closing
         ):
-            proto.write_message(
-                encode_frame([KIND_ABORT, key[0], key[1], key[2], [kind[:32], reason[:4000]]]),
-                memoryview(b""),
-            )
+            proto.write_message(encode_message(Abort(key, reason, kind)), memoryview(b""))
 
     def send_control(self, dst: int, msg: Control) -> None:
         proto = self._peers.get(dst)
@@ -586,7 +548,7 @@ class TcpTransport(Transport):
             return
         if proto.transport.is_closing():
             return
-        proto.write_message(encode_frame([KIND_CTRL, 0, 0, 0, msg.encode()]), memoryview(b""))
+        proto.write_message(encode_message(ControlFrame(msg)), memoryview(b""))
 
     # -- shared memory ------------------------------------------------------------------
     async def shm_settled(self, timeout: float = SETUP_TIMEOUT) -> None:
@@ -617,7 +579,7 @@ class TcpTransport(Transport):
         # (once leaving, nothing more: the stream is half-closed after our goodbye)
         if proto is None or proto.transport is None or proto.transport.is_closing() or self._closing:
             return
-        frame = _BELL_FRAME if isinstance(msg, ShmBell) else encode_frame([KIND_SHM, 0, 0, 0, msg.encode()])
+        frame = _BELL_FRAME if isinstance(msg, ShmBell) else encode_message(ShmFrame(msg))
         proto.write_message(frame, _EMPTY)
 
     def _reserve(self, nbytes: int) -> None:
@@ -721,7 +683,7 @@ class TcpTransport(Transport):
         how = self.goodbye or Goodbye()
         if self.first_loss is not None and not how.after_loss:
             how = Goodbye(how.how, how.detail, str(self.first_loss)[:2000])
-        bye = encode_frame([KIND_BYE, 0, 0, 0, how.encode()])
+        bye = encode_message(Bye(how))
         waits = [p.write_message(bye, memoryview(b"")) for p in protos]
         pending = [w for w in waits if isinstance(w, asyncio.Future) and not w.done()]
         if pending:

@@ -1,4 +1,5 @@
-"""Sans-IO wire protocol: frames, headers, handshake. No asyncio, no sockets here."""
+"""Sans-IO wire protocol: frames, handshake, the messages as data (messages, control, detail,
+store). No asyncio, no sockets here."""
 
 from aiodist.wire.frames import (
     DEFAULT_LIMITS as DEFAULT_LIMITS,

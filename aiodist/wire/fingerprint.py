@@ -11,7 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["OpFingerprint"]
+__all__ = ["Fingerprint", "OpFingerprint"]
+
+# A fingerprint as it travels and is compared: ``[op, seq, dtype, count, root, redop]`` or
+# ``[op, dtype, count]``. Kept a plain list on the data path (built once per operation, compared
+# with ``==``, packed by msgpack as it is); ``OpFingerprint`` is its reading.
+Fingerprint = list[Any]
 
 
 @dataclass(frozen=True, slots=True)

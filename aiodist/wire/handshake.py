@@ -29,6 +29,7 @@ __all__ = [
     "AuthError",
     "Challenge",
     "Hello",
+    "Refusal",
     "Welcome",
     "accept_hello",
     "make_challenge",
@@ -42,6 +43,7 @@ __all__ = [
 
 PROTOCOL_VERSION = 1
 NONCE_BYTES = 16
+_MAX_REFUSAL = 500
 
 
 class AuthError(ProtocolError):
@@ -76,6 +78,16 @@ class Welcome:
 
     def pack(self) -> list[Any]:
         return ["welcome", self.rank, self.mac]
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The accepting side's answer instead of a welcome: why it drops the connection."""
+
+    reason: str
+
+    def pack(self) -> list[Any]:
+        return ["refused", self.reason[:_MAX_REFUSAL]]
 
 
 def _mac(secret: bytes | None, *parts: bytes) -> bytes:

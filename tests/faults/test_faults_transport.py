@@ -27,9 +27,10 @@ from aiodist.errors import DistError, DistNetworkError, DistTimeoutError, GroupO
 from aiodist.group import PEER_LOSS_GRACE, ProcessGroup
 from aiodist.transport import tcp
 from aiodist.transport.base import COLL
-from aiodist.transport.tcp import KIND_DATA, TcpTransport
+from aiodist.transport.tcp import TcpTransport
 from aiodist.wire.frames import FrameReader, encode_frame
 from aiodist.wire.handshake import make_hello, parse_challenge, verify_welcome
+from aiodist.wire.messages import KIND_DATA
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -23,9 +23,10 @@ from hypothesis import strategies as st
 
 from aiodist.group import ProcessGroup
 from aiodist.store import StoreServer, TCPStore
-from aiodist.transport.tcp import KIND_ABORT, KIND_DATA, KIND_MISMATCH, TcpTransport
+from aiodist.transport.tcp import TcpTransport
 from aiodist.wire.frames import PREFIX, FrameReader, Limits, ProtocolError, encode_frame
 from aiodist.wire.handshake import make_hello, parse_challenge, verify_welcome
+from aiodist.wire.messages import KIND_ABORT, KIND_DATA, KIND_MISMATCH
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -210,3 +210,19 @@ def test_record_headers() -> None:
     for bad in ([DATA, 1, 0], [DESC, 1, 0, 5, None, 10, 1, 2], [PART, 1, 0, 5, None, 10], [9, 1, 2, 3, None]):
         with pytest.raises(ProtocolError):
             decode_record_header(bad, 100 if bad[0] != DESC else 3)
+
+
+def test_setup_messages_travel_as_peer_frames() -> None:
+    from aiodist.wire.frames import FrameReader
+    from aiodist.wire.messages import KIND_SHM, ShmFrame, decode, encode
+
+    for msg in (ShmHello("h", False), ShmBell(), ShmDecline("why", False)):
+        got: list[object] = []
+        reader = FrameReader(lambda h, n: None, lambda h, p: got.append(h))
+        data = encode(ShmFrame(msg))
+        assert reader.feed(data) == len(data)
+        assert decode(got[0], 0) == ShmFrame(msg)
+    with pytest.raises(ProtocolError):
+        decode([KIND_SHM, 0, 0, 0, ["bell"]], 8)  # no payload on these
+    with pytest.raises(ProtocolError):
+        decode([KIND_SHM, 0, 0, 0, ["ring"]], 0)
