@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiodist.wire.frames import ProtocolError
 
@@ -181,10 +181,9 @@ def decode_shm(body: Any) -> ShmMessage:
     raise _bad(f"{tag!r} with {len(args)} fields")
 
 
-@dataclass(frozen=True, slots=True)
-class RecordHeader:
+class RecordHeader(NamedTuple):
     """A ring record's header, checked. ``nbytes``: the whole message's size (DATA: the payload's);
-    ``pid``/``addr``: where a DESC's bytes are."""
+    ``pid``/``addr``: where a DESC's bytes are. (A named tuple: one is built per record read.)"""
 
     kind: int
     key: tuple[int, int, int]
@@ -195,30 +194,34 @@ class RecordHeader:
 
 
 _MORE_HEADER = RecordHeader(MORE, (0, 0, 0), None)
+_new: Any = tuple.__new__
 
 
 def decode_record_header(raw: Any, payload_len: int) -> RecordHeader:
     """A ring record's decoded msgpack header, checked against its payload length."""
-    if not isinstance(raw, list) or not raw or type(raw[0]) is not int:
+    if type(raw) is not list or not raw:
         raise _bad("record header")
     kind = raw[0]
-    if kind == MORE and len(raw) == 1:
+    if kind == MORE and len(raw) == 1 and type(kind) is int:
         return _MORE_HEADER
-    if len(raw) < 5 or not all(type(v) is int for v in raw[1:4]):
+    n = len(raw)
+    if (
+        n < 5
+        or type(kind) is not int
+        or type(raw[1]) is not int
+        or type(raw[2]) is not int
+        or type(raw[3]) is not int
+    ):
         raise _bad("record header")
     fp = raw[4]
-    if fp is not None and not isinstance(fp, list):
+    if fp is not None and type(fp) is not list:
         raise _bad("record fingerprint")
     key = (raw[1], raw[2], raw[3])
-    if kind == DATA and len(raw) == 5:
-        return RecordHeader(DATA, key, fp, payload_len)
-    if kind == PART and len(raw) == 6 and type(raw[5]) is int and raw[5] >= payload_len:
+    if kind == DATA and n == 5:  # first: the common case
+        header: RecordHeader = _new(RecordHeader, (DATA, key, fp, payload_len, 0, 0))
+        return header
+    if kind == PART and n == 6 and type(raw[5]) is int and raw[5] >= payload_len:
         return RecordHeader(PART, key, fp, raw[5])
-    if (
-        kind == DESC
-        and len(raw) == 8
-        and payload_len == 0
-        and all(type(v) is int and v >= 0 for v in raw[5:])
-    ):
+    if kind == DESC and n == 8 and payload_len == 0 and all(type(v) is int and v >= 0 for v in raw[5:]):
         return RecordHeader(DESC, key, fp, raw[5], raw[6], raw[7])
-    raise _bad(f"record of kind {kind} with {len(raw)} fields")
+    raise _bad(f"record of kind {kind} with {n} fields")
