@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -234,3 +235,20 @@ async def test_timeout_while_waiting_for_room_says_why_and_recovers() -> None:
     finally:
         for t in ts:
             t.abort()
+
+
+def _init_with_bad_switch(rank: int, size: int) -> str:
+    import aiodist.sync as sd
+
+    try:
+        sd.init_process_group("gloo", rank=rank, world_size=size, timeout=30)
+        return "no error"
+    except ValueError as exc:  # (a DistValueError: misuse)
+        return str(exc)
+
+
+def test_a_bad_switch_is_refused_before_the_rendezvous() -> None:
+    t0 = time.monotonic()
+    res = spawn(_init_with_bad_switch, 2, env={"AIODIST_SHM": "maybe"}, timeout=60)
+    assert all("AIODIST_SHM must be 1, 0 or copy, got 'maybe'" in r for r in res), res
+    assert time.monotonic() - t0 < 30  # not at the rendezvous timeout
