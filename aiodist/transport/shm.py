@@ -310,9 +310,12 @@ class _Link:
         mailbox = paths.mailbox
         if rh.kind == MORE:
             return self._piece(payload)
-        if paths.closing():
-            return True
         key, fp, n = rh.key, rh.fp, rh.nbytes
+        if paths.closing():  # we said goodbye: nothing that arrives matters now
+            if rh.kind == PART:  # (its pieces follow: drop them too)
+                self.part = _Part(key, fp, n, None, None, held=False)
+                return self._piece(payload)
+            return True
         if rh.kind == DATA:
             target = mailbox.match(self.peer, key, n, fp)
             if isinstance(target, PendingRecv):

@@ -216,12 +216,12 @@ def test_setup_messages_travel_as_peer_frames() -> None:
     from aiodist.wire.frames import FrameReader
     from aiodist.wire.messages import KIND_SHM, ShmFrame, decode, encode
 
-    for msg in (ShmHello("h", False), ShmBell(), ShmDecline("why", False)):
-        got: list[object] = []
-        reader = FrameReader(lambda h, n: None, lambda h, p: got.append(h))
-        data = encode(ShmFrame(msg))
-        assert reader.feed(data) == len(data)
-        assert decode(got[0], 0) == ShmFrame(msg)
+    msgs = (ShmHello("h", False), ShmBell(), ShmDecline("why", False))
+    got: list[object] = []
+    reader = FrameReader(lambda h, n: None, lambda h, p: got.append(h))
+    data = b"".join(encode(ShmFrame(m)) for m in msgs)
+    assert reader.feed(data) == len(data)
+    assert [decode(h, 0) for h in got] == [ShmFrame(m) for m in msgs]
     with pytest.raises(ProtocolError):
         decode([KIND_SHM, 0, 0, 0, ["bell"]], 8)  # no payload on these
     with pytest.raises(ProtocolError):
