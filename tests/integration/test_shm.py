@@ -252,3 +252,35 @@ def test_a_bad_switch_is_refused_before_the_rendezvous() -> None:
     res = spawn(_init_with_bad_switch, 2, env={"AIODIST_SHM": "maybe"}, timeout=60)
     assert all("AIODIST_SHM must be 1, 0 or copy, got 'maybe'" in r for r in res), res
     assert time.monotonic() - t0 < 30  # not at the rendezvous timeout
+
+
+@pytest.mark.timeout(30)
+async def test_a_lost_wakeup_costs_a_moment_never_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader says it polls, so the writer skips the doorbell; the reader stops polling
+    having looked just before the record landed (store-load reordering). The writer's second
+    look rings then: the message arrives a moment late, not never."""
+    monkeypatch.setenv("AIODIST_BUSY_POLL_US", "0")  # nobody polls for real here
+    from aiodist.transport import shm_segment
+
+    if not shm_segment.SKIP_BELLS:
+        pytest.skip("doorbells are never skipped on this machine")
+    ts = await _mesh(2, 1 << 20)
+    try:
+        g0, g1 = _groups(ts)
+        flag = ts[0]._shm.links[1].out.words  # rank 0's "I poll" flag, read by rank 1
+        flag[shm_segment.W_POLLING] = 1
+        got = np.zeros(2)
+        recv = g0.recv(got, 1)
+        bells = ts[1]._shm.bell
+        rung: list[float] = []
+        ts[1]._shm.bell = lambda peer: (rung.append(time.monotonic()), bells(peer))
+        t0 = time.monotonic()
+        await g1.send(np.array([1.0, 2.0]), 0)
+        assert not rung  # skipped: rank 0 "polls"
+        flag[shm_segment.W_POLLING] = 0  # ... and stops without having seen the record
+        await asyncio.wait_for(recv, 5)
+        assert got.tolist() == [1.0, 2.0]
+        assert rung and rung[0] - t0 < 1.0  # rung on the second look, a moment later
+    finally:
+        for t in ts:
+            t.abort()
