@@ -47,6 +47,7 @@ from aiodist.transport.shm_segment import (
     W_ACKED,
     W_BLOCKED,
     W_POLLING,
+    W_SEEN,
     Ring,
     Segment,
     address_of,
@@ -254,6 +255,7 @@ class _Link:
             self.acks_seen += 1
             self.paths.bytes_sent += s.payload.nbytes
             _resolve(s.future)
+        out.words[W_SEEN] = self.acks_seen  # (the reader's second look asks whether we saw them)
 
     def peer_polls(self) -> bool:
         """The peer's loop is polling now (its flag in the segment it writes)."""
@@ -270,9 +272,15 @@ class _Link:
 
     def _recheck(self) -> None:
         # Our stores are visible by now: a peer that still polls will see them; one that has
-        # stopped may have looked just before they landed, so ring.
+        # stopped may have looked just before they landed: ring if it left something unseen
+        # (records unread, completions unnoticed). A spurious doorbell would wake it for nothing.
         self.recheck_timer = None
-        if not self.peer_polls():
+        if self.peer_polls():
+            return
+        out, inp = self.out, self.inp
+        unread = out is not None and out.consumed() < out.head
+        unnoticed = inp is not None and int(inp.words[W_ACKED]) > int(inp.words[W_SEEN])
+        if unread or unnoticed:
             self.paths.bell(self.peer)
 
     # -- reading -------------------------------------------------------------------------

@@ -8,7 +8,7 @@ directory, whatever happens to the processes. Its layout (offsets in bytes)::
 
     0     magic                  8     nonce (the creator's)     32   echo (the reader's)
     128   head   (creator)       256   tail  (reader)            384  acked (reader)
-    512   creator polls          640   creator blocked on room
+    512   creator polls          640   creator blocked on room   768  acks seen (creator)
     4096  ring data (``capacity`` bytes, a power of two)
 
 Each counter is an aligned 8-byte word with one writer, on a cache line of its own. The
@@ -60,6 +60,7 @@ W_TAIL = 32
 W_ACKED = 48
 W_POLLING = 64
 W_BLOCKED = 80
+W_SEEN = 96
 NONCE = slice(8, 24)
 ECHO = slice(32, 48)
 
