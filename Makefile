@@ -46,17 +46,20 @@ test-torch-suite: install
 	$(PY) -m pip install -q $(PIP_FLAGS) expecttest
 	$(PY) tests/torch_suite/run.py -j 2 $(ARGS)
 
-# The bench extra (matplotlib, for the plot) on top of what `install` put in.
+# The bench extra (matplotlib for the plot; mpi4py and Open MPI for the MPI peer) on top of what
+# `install` put in. `make test` needs none of it.
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install -q $(PIP_FLAGS) -e '.[torch,test,dev,bench]'
 	touch $(BENCH_STAMP)
 
-# nccl-tests style tables, aiodist (both faces) vs gloo, 2 and 4 ranks, with the memory probe and
-# the targets of BENCHMARKS.md; then the DDP step benchmark: aiodist.parallel's DDP, torch's DDP on
+# nccl-tests style tables, aiodist (both faces; told to use TCP only, and with its default transport)
+# vs gloo and MPI (Open MPI's shared memory), 2 and 4 ranks, with the memory probe and the targets
+# of BENCHMARKS.md; then the DDP step benchmark: aiodist.parallel's DDP, torch's DDP on
 # gloo and torch's DDP on the backend "aiodist", in the same run.
 bench: $(BENCH_STAMP)
 	mkdir -p $(BENCH_OUT)
-	$(PY) -m aiodist.bench --compare gloo --memory --targets --json $(BENCH_OUT)/bench.json --plot $(BENCH_OUT)/algbw.png
+	$(PY) -m aiodist.bench --compare gloo,mpi --aiodist-transports tcp,shm --memory --targets \
+		--json $(BENCH_OUT)/bench.json --markdown $(BENCH_OUT)/bench.md --plot $(BENCH_OUT)/algbw.png
 	$(PY) -m aiodist.parallel.bench_ddp --json $(BENCH_OUT)/ddp.json
 
 lint: install

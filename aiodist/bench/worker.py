@@ -1,5 +1,8 @@
 """One rank of a benchmark job: aiodist (one face) and, with ``compare``, torch's gloo, side by side.
 
+(The MPI peer runs the same ``Worker`` in processes of its own, under ``mpiexec``: see
+``aiodist.bench.mpi_worker``.)
+
 Both runtimes live in the same process, each with its own connections. For every case the
 same buffers serve both (torch tensors are views of the numpy arrays), each runtime first
 makes one checked call (``#wrong``), then the timed repetitions alternate between them
@@ -28,7 +31,7 @@ import numpy as np
 from aiodist.bench import cases
 from aiodist.bench.cases import Buffers
 
-__all__ = ["JobConfig", "iterations", "worker_main"]
+__all__ = ["AIODIST_NAMES", "JobConfig", "Runtime", "Worker", "iterations", "worker_main"]
 
 STREAM_BURST = 100  # messages per repetition of the "stream" case
 
@@ -41,7 +44,7 @@ class JobConfig:
     nprocs: int
     ops: tuple[str, ...]
     sizes: tuple[int, ...]
-    compare: bool
+    compare: bool  # torch's gloo in the same processes, alternating with aiodist
     repeat: int = 5
     iters: int = 0  # 0: by size (``iterations``)
     warmup: int = 0  # 0: by size
@@ -49,6 +52,28 @@ class JobConfig:
     memory_bytes: int = 0  # the memory probe's all_reduce size; 0: no probe
     gloo_port: int = 0
     timeout: float = 600.0
+    #: what aiodist is asked to use between ranks of one host: "shm" (its default: shared memory
+    #: where the transport offers it; ``AIODIST_SHM`` unset) or "tcp" (``AIODIST_SHM=0``).
+    transport: str = "shm"
+    #: "aiodist" (this module's worker) or "mpi" (the MPI peer, under mpiexec).
+    runtime: str = "aiodist"
+
+    @property
+    def aiodist_name(self) -> str:
+        """aiodist's column name in this job's tables."""
+        return AIODIST_NAMES[self.transport]
+
+    @property
+    def label(self) -> str:
+        """The job in a few words: ``async 2 ranks``, ``sync tcp 4 ranks``, ``mpi 2 ranks``."""
+        if self.runtime == "mpi":
+            return f"mpi {self.nprocs} ranks"
+        transport = " tcp" if self.transport == "tcp" else ""
+        return f"{self.face}{transport} {self.nprocs} ranks"
+
+
+#: aiodist's name in the tables, by the transport it is asked to use.
+AIODIST_NAMES = {"shm": "aiodist", "tcp": "aiodist-tcp"}
 
 
 def iterations(nbytes: int, cfg: JobConfig) -> tuple[int, int]:
@@ -113,9 +138,10 @@ class AsyncAiodist(Runtime):
     name = "aiodist"
     awaits = True
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "aiodist") -> None:
         import aiodist
 
+        self.name = name
         self.d = aiodist
 
     def barrier(self) -> Any:
@@ -327,12 +353,12 @@ class Worker:
             import aiodist
 
             await aiodist.init_process_group("tcp", "env://", timeout=timeout)
-            self.runtimes.append(AsyncAiodist())
+            self.runtimes.append(AsyncAiodist(cfg.aiodist_name))
         else:
             import aiodist.sync as sd
 
             sd.init_process_group("gloo", "env://", timeout=datetime.timedelta(seconds=timeout))
-            self.runtimes.append(BlockingTorchLike("aiodist", sd, use_torch=_have_torch()))
+            self.runtimes.append(BlockingTorchLike(cfg.aiodist_name, sd, use_torch=_have_torch()))
         if cfg.compare:
             import torch.distributed as td
 
@@ -438,6 +464,11 @@ def worker_main(rank: int, cfg: JobConfig, env: dict[str, str], out: Any) -> Non
     os.environ.update(env)
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(cfg.nprocs)
+    # The transport asked for, whatever the caller's environment says.
+    if cfg.transport == "tcp":
+        os.environ["AIODIST_SHM"] = "0"
+    else:
+        os.environ.pop("AIODIST_SHM", None)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
     w = Worker(rank, cfg, out)
