@@ -67,8 +67,8 @@ _IS_CUDA = _is_cuda
 class DeviceTensorError(DistValueError):
     """A CUDA tensor reached code that only views host memory.
 
-    The operations of the async face catch it and stage the tensor through pinned host
-    buffers (``aiodist.backends.staged``) when their group can; anywhere else it is the user's error.
+    A group whose backend stages device tensors (``aiodist.backends.staged``) never shows
+    one to this layer (its twin in host memory is); anywhere else it is the user's error.
     """
 
 

@@ -1,4 +1,4 @@
-"""``ProcessGroup``: rank maps, operation keys, validation, timeouts and failure, dispatch.
+"""``ProcessGroup``: rank maps, the one way an operation runs, timeouts and failure.
 
 A group is a subset of the job's global ranks sharing one transport. Every collective takes
 the group's next sequence number, which becomes its message key on every rank (collectives
@@ -18,10 +18,13 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from aiodist import _tensors
+from aiodist import arguments as _args
 from aiodist._recovery import StepKeeper
 from aiodist._tensors import byte_view
-from aiodist.collectives.barrier import barrier as _barrier_algo
+from aiodist.backends.base import IN, OUT, Backend, Binding, Op
+from aiodist.backends.native import NATIVE
 from aiodist.collectives.context import OpContext
+from aiodist.collectives.detail import check_fingerprints, detail_enabled
 from aiodist.errors import (
     CollectiveMismatchError,
     DistError,
@@ -32,7 +35,7 @@ from aiodist.errors import (
     GroupOutOfStepError,
     name_ranks,
 )
-from aiodist.ops import dtype_name
+from aiodist.ops import ReduceOp, dtype_name
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.transport.base import (
     COLL,
@@ -92,14 +95,14 @@ class ProcessGroup:
         gid: the group's id, equal on every rank (keys its messages apart from other groups').
         timeout: seconds every operation may take before it fails with ``DistTimeoutError``.
         backend: the name ``get_backend`` reports.
-    """
+        runs_on: what runs the group's tensor operations (``aiodist.backends``; default: aiodist's
+            algorithms over ``transport``).
 
-    #: The torch engine that runs this group's tensor operations (``aiodist.backends.torch_engine``; backends
-    #: "nccl" and "torch-gloo"), or None. Set by ``init_process_group`` / ``new_group``.
-    engine: Any = None
-    #: Stages CUDA tensors through host buffers (``aiodist.backends.staged``), or None (CUDA tensors
-    #: are refused). Set by ``init_process_group`` / ``new_group``.
-    stager: Any = None
+    Every operation starts one way: the group checks its arguments (``aiodist.arguments``, asking
+    its backend's binding for each tensor), numbers it (collectives), applies DETAIL mode and
+    starts it on its backend. Object collectives, ``monitored_barrier`` and DDP's exchanges run
+    their own algorithms through ``run_collective``, the same numbering and DETAIL step.
+    """
 
     def __init__(
         self,
@@ -110,8 +113,10 @@ class ProcessGroup:
         timeout: float,
         backend: str = "tcp",
         name: str = "",
+        runs_on: Backend = NATIVE,
     ) -> None:
         self.transport = transport
+        self.runs_on = runs_on
         self.loop = transport.loop
         self.ranks: tuple[int, ...] = tuple(ranks)
         self.gid = gid
@@ -349,10 +354,9 @@ class ProcessGroup:
         try:
             result = await coro
             if op.key[1] == COLL:
-                late = self.transport.mailbox.finish(op.key)
+                late = self.transport.finish_collective(op.key)
                 if late is not None:
                     # Data no step of this operation received: the sender ran another one.
-                    self.transport._late_message(late[0], op.key, late[1])
                     raise CollectiveMismatchError(
                         f"{op.name} on rank {self.global_rank}: rank {late[0]} sent "
                         f"{describe_fingerprint(late[1])}, which no step of it received: the ranks "
@@ -366,7 +370,7 @@ class ProcessGroup:
             raise op.error from None
         except DistNetworkError as exc:
             self._abandon(op, exc)
-            if op.name in str(exc):
+            if exc is op.error:  # a member's notice about this operation: it names it already
                 if op.key[1] == COLL and self.broken is None:
                     self.broken = exc
                 raise
@@ -422,56 +426,78 @@ class ProcessGroup:
             raise DistTypeError(f"tag must be an int, got {type(tag).__name__}")
         return tag
 
-    def _p2p_args(self, what: str, tensor: Any, peer: Any, tag: Any) -> tuple[int | None, int, Any]:
-        """The checked arguments of a send (``what="send"``) or a receive: peer, tag, array.
-
-        Only reads the group, so the sync face also calls it (``check_p2p``) from the caller's
-        thread, to raise a user's mistake at the call of a non-blocking send or receive.
-        """
+    def _p2p_args(self, what: str, peer: Any, tag: Any) -> tuple[int | None, int]:
+        """The checked peer and tag of a send (``what="send"``) or a receive."""
         self.check_usable(what)
         if peer is not None:
             peer = self._peer(peer, "dst" if what == "send" else "src", what)
-        tag = self._check_tag(tag)
-        arr = _tensors.as_array(tensor, arg="tensor", writable=what != "send")
-        return peer, tag, arr
+        return peer, self._check_tag(tag)
 
     def check_p2p(self, what: str, tensor: Any, peer: int | None, tag: int) -> Any:
         """Raise what ``send``/``recv`` would raise for these arguments (any thread).
 
+        Only reads the group, so the sync face calls it from the caller's thread, to raise a
+        user's mistake at the call of a non-blocking send or receive. Only for a tensor the
+        backend uses directly (``runs_on.direct``).
+
         Returns:
             The tensor's memory as a numpy array (what the operation may be given instead).
-        Raises:
-            DeviceTensorError: a tensor not in host memory (which is staged, not refused).
         """
-        return self._p2p_args(what, tensor, peer, tag)[2]
+        self._p2p_args(what, peer, tag)
+        return _tensors.as_array(tensor, arg="tensor", writable=what != "send")
 
     def send(self, tensor: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Work:
         """Send ``tensor`` to global rank ``dst``. Completes when ``tensor`` may be reused."""
-        peer, tag, arr = self._p2p_args("send", tensor, dst, tag)
+        own = self.runs_on.own_ops
+        if own is not None:
+            return own.send(tensor, dst, tag=tag, timeout=timeout)
+        peer, tag = self._p2p_args("send", dst, tag)
         assert peer is not None
-        dst = peer
+        b = self.runs_on.bind(self, "send")
+        try:
+            arr = b.tensor(tensor, arg="tensor", role=IN, writable=False)
+            b.ready_now()  # a staged input is in host memory before its bytes are queued
+        except BaseException:
+            b.drop()
+            raise
         key = (self.gid, P2P, tag)
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
-        name = f"send to rank {dst} (tag {tag})"
+        name = f"send to rank {peer} (tag {tag})"
         try:
-            sent = self.transport.send(dst, key, byte_view(arr), fp)
+            sent = self.transport.send(peer, key, byte_view(arr), fp)
         except DistError as exc:
-            return Work.failed(self.loop, name, exc)
+            return b.complete(Work.failed(self.loop, name, exc))
         if isinstance(sent, asyncio.Future):
-            return self._watch(name, key, sent, timeout)
-        return self.start(name, key, _await(sent), timeout)
+            return b.complete(self._watch(name, key, sent, timeout))
+        return b.complete(self.start(name, key, _await(sent), timeout))
 
     def recv(self, tensor: Any, src: int | None = None, tag: int = 0, timeout: float | None = None) -> Work:
         """Receive into ``tensor`` from global rank ``src`` (None: any member). Result: the sender."""
-        src, tag, arr = self._p2p_args("recv", tensor, src, tag)
+        own = self.runs_on.own_ops
+        if own is not None:
+            return own.recv(tensor, src, tag=tag, timeout=timeout)
+        src, tag = self._p2p_args("recv", src, tag)
+        b = self.runs_on.bind(self, "recv")
+        try:
+            arr = b.tensor(tensor, arg="tensor", role=OUT, writable=True)
+        except BaseException:
+            b.drop()
+            raise
         key = (self.gid, P2P, tag)
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
         name = f"recv from {'any rank' if src is None else f'rank {src}'} (tag {tag})"
         fut = self.transport.recv(src, key, byte_view(arr), fp)
-        return self._watch(name, key, fut, timeout, cleanup=lambda: self.transport.cancel_recv(fut))
+        work = self._watch(name, key, fut, timeout, cleanup=lambda: self.transport.cancel_recv(fut))
+        return b.complete(work)
 
-    # -- collectives ----------------------------------------------------------------------
-    def next_op(
+    def batch_isend_irecv(self, p2p_op_list: Sequence[Any]) -> list[Work] | None:
+        """A backend that runs whole operations starts the list itself (NCCL coalesces it);
+        None: start them one by one."""
+        own = self.runs_on.own_ops
+        return None if own is None else own.batch_isend_irecv(p2p_op_list)
+
+    # -- collectives: the one way one starts ------------------------------------------------
+    def _number(
         self,
         name: str,
         *,
@@ -483,8 +509,8 @@ class ProcessGroup:
     ) -> OpContext:
         """Take the next sequence number for collective ``name`` and build its context.
 
-        ``allow_broken``: run even on a broken group (diagnostics such as monitored_barrier,
-        which must still name who is missing).
+        ``root`` is a global rank. ``allow_broken``: run even on a broken group (diagnostics
+        such as monitored_barrier, which must still name who is missing).
         """
         if not (allow_broken and self.rank >= 0):
             self.check_usable(name)
@@ -495,7 +521,88 @@ class ProcessGroup:
         key = (self.gid, COLL, seq)
         return OpContext(self.transport, self.ranks, self.rank, key, [name, seq, dtype, count, root, redop])
 
-    def collective(
+    def _launch(
+        self,
+        ctx: OpContext,
+        start: Callable[[], Work],
+        timeout: float | None,
+        refused: Callable[[], None] | None = None,
+    ) -> Work:
+        """``start()`` the numbered collective ``ctx``; with ``AIODIST_DEBUG=DETAIL`` check agreement first.
+
+        The DETAIL check runs before the operation is started, so a disagreement is raised by
+        every rank from the same table of fingerprints (no rank's failure notice can overtake
+        another rank's own verdict) and the algorithm never starts (``refused`` is called).
+        """
+        if not detail_enabled():
+            return start()
+        t = self.timeout if timeout is None else timeout
+        # Shortly before the operation's own deadline, so a rank that never arrives is named.
+        check_timeout = t * 0.9 if t and 0 < t < float("inf") else None
+
+        async def checked() -> Any:
+            try:
+                await check_fingerprints(ctx, check_timeout)
+            except BaseException:
+                if refused is not None:
+                    refused()
+                raise
+            return await start()
+
+        name = f"{ctx.fp[0]} #{ctx.fp[1]}" if ctx.fp else "collective"
+        return Work(self.loop.create_task(checked()), name)
+
+    def _tensor_collective(
+        self,
+        name: str,
+        timeout: float | None,
+        check: Callable[..., _args.Checked],
+        *args: Any,
+    ) -> Work:
+        """Check (``check(self, binding, *args)``, with the backend's binding of the call),
+        number, start on the backend."""
+        self.check_usable(name)
+        b = self.runs_on.bind(self, name)
+        try:
+            c = check(self, b, *args)
+            op = c.op
+            root = self.ranks[op.root] if op.root >= 0 else -1
+            redop = op.reduce_op.name if op.reduce_op is not None else None
+            ctx = self._number(name, dtype=c.dtype, count=c.numel, root=root, redop=redop)
+        except BaseException:
+            b.drop()
+            raise
+        if not detail_enabled():  # (the common path: no closure)
+            return b.start(ctx, op, timeout)
+        return self._launch(ctx, lambda: b.start(ctx, op, timeout), timeout, b.drop)
+
+    def run_collective(
+        self,
+        name: str,
+        algorithm: Callable[[OpContext], Coroutine[Any, Any, Any]],
+        timeout: float | None = None,
+        *,
+        dtype: str = "",
+        count: int = 0,
+        root: int = -1,
+        allow_broken: bool = False,
+        survives_loss: bool = False,
+    ) -> Work:
+        """Number the collective ``name``, apply DETAIL mode and run ``algorithm(ctx)`` on this
+        group's transport (object collectives, monitored_barrier, DDP's exchanges).
+
+        ``root`` is a global rank. ``allow_broken``: a diagnostic that runs on a broken group
+        (it skips the DETAIL check, which needs every member). ``survives_loss``: losing a
+        member does not fail it after the grace period (it reports lost members itself).
+        """
+        ctx = self._number(name, dtype=dtype, count=count, root=root, allow_broken=allow_broken)
+
+        def start() -> Work:
+            return self.track_collective(ctx, algorithm(ctx), timeout, survives_loss=survives_loss)
+
+        return start() if allow_broken else self._launch(ctx, start, timeout)
+
+    def track_collective(
         self,
         ctx: OpContext,
         coro: Coroutine[Any, Any, Any],
@@ -503,7 +610,7 @@ class ProcessGroup:
         *,
         survives_loss: bool = False,
     ) -> Work:
-        """Start the algorithm ``coro`` for the operation described by ``ctx``."""
+        """Run the algorithm ``coro`` of the numbered collective ``ctx`` (a backend's last step)."""
         assert ctx.fp is not None
         return self.start(f"{ctx.fp[0]} #{ctx.fp[1]}", ctx.key, coro, timeout, survives_loss=survives_loss)
 
@@ -511,9 +618,127 @@ class ProcessGroup:
         """Bring the group back in step after a timeout or a disagreement (see ``aiodist.resync``)."""
         return self._keeper.resync(timeout)
 
+    # -- tensor collectives (the async face documents them) --------------------------------------
     def barrier(self, timeout: float | None = None) -> Work:
-        ctx = self.next_op("barrier")
-        return self.collective(ctx, _barrier_algo(ctx), timeout)
+        own = self.runs_on.own_ops
+        if own is not None:
+            return own.barrier(timeout=timeout)
+        return self._tensor_collective("barrier", timeout, _barrier)
+
+    def broadcast(self, tensor: Any, src: int, timeout: float | None = None) -> Work:
+        own = self.runs_on.own_ops
+        if own is not None:
+            return own.broadcast(tensor, src, timeout=timeout)
+        return self._tensor_collective("broadcast", timeout, _args.broadcast, tensor, src)
+
+    def all_reduce(self, tensor: Any, op: Any = ReduceOp.SUM, timeout: float | None = None) -> Work:
+        own = self.runs_on.own_ops
+        if own is not None:
+            return own.all_reduce(tensor, op, timeout=timeout)
+        return self._tensor_collective("all_reduce", timeout, _args.all_reduce, tensor, op)
+
+    def reduce(self, tensor: Any, dst: int, op: Any = ReduceOp.SUM, timeout: float | None = None) -> Work:
+        own = self.runs_on.own_ops
+        if own is not None:
+            return own.reduce(tensor, dst, op, timeout=timeout)
+        return self._tensor_collective("reduce", timeout, _args.reduce, tensor, dst, op)
+
+    def all_gather(self, tensor_list: Any, tensor: Any, timeout: float | None = None) -> Work:
+        own = self.runs_on.own_ops
+        if own is not None:
+            return own.all_gather(tensor_list, tensor, timeout=timeout)
+        return self._tensor_collective("all_gather", timeout, _args.all_gather, tensor_list, tensor)
+
+    def all_gather_into_tensor(
+        self, output_tensor: Any, input_tensor: Any, timeout: float | None = None
+    ) -> Work:
+        own = self.runs_on.own_ops
+        if own is not None:
+            return own.all_gather_into_tensor(output_tensor, input_tensor, timeout=timeout)
+        return self._tensor_collective(
+            "all_gather_into_tensor",
+            timeout,
+            _args.all_gather_into_tensor,
+            output_tensor,
+            input_tensor,
+        )
+
+    def gather(self, tensor: Any, gather_list: Any, dst: int, timeout: float | None = None) -> Work:
+        own = self.runs_on.own_ops
+        if own is not None:
+            return own.gather(tensor, gather_list, dst, timeout=timeout)
+        return self._tensor_collective("gather", timeout, _args.gather, tensor, gather_list, dst)
+
+    def scatter(self, tensor: Any, scatter_list: Any, src: int, timeout: float | None = None) -> Work:
+        own = self.runs_on.own_ops
+        if own is not None:
+            return own.scatter(tensor, scatter_list, src, timeout=timeout)
+        return self._tensor_collective("scatter", timeout, _args.scatter, tensor, scatter_list, src)
+
+    def reduce_scatter(
+        self, output: Any, input_list: Any, op: Any = ReduceOp.SUM, timeout: float | None = None
+    ) -> Work:
+        own = self.runs_on.own_ops
+        if own is not None:
+            return own.reduce_scatter(output, input_list, op, timeout=timeout)
+        return self._tensor_collective(
+            "reduce_scatter", timeout, _args.reduce_scatter, output, input_list, op
+        )
+
+    def reduce_scatter_tensor(
+        self, output: Any, input: Any, op: Any = ReduceOp.SUM, timeout: float | None = None
+    ) -> Work:
+        own = self.runs_on.own_ops
+        if own is not None:
+            return own.reduce_scatter_tensor(output, input, op, timeout=timeout)
+        return self._tensor_collective(
+            "reduce_scatter_tensor",
+            timeout,
+            _args.reduce_scatter_tensor,
+            output,
+            input,
+            op,
+        )
+
+    def all_to_all(
+        self, output_tensor_list: Any, input_tensor_list: Any, timeout: float | None = None
+    ) -> Work:
+        own = self.runs_on.own_ops
+        if own is not None:
+            return own.all_to_all(output_tensor_list, input_tensor_list, timeout=timeout)
+        return self._tensor_collective(
+            "all_to_all", timeout, _args.all_to_all, output_tensor_list, input_tensor_list
+        )
+
+    def all_to_all_single(
+        self,
+        output: Any,
+        input: Any,
+        output_split_sizes: Any = None,
+        input_split_sizes: Any = None,
+        timeout: float | None = None,
+    ) -> Work:
+        own = self.runs_on.own_ops
+        if own is not None:
+            return own.all_to_all_single(
+                output, input, output_split_sizes, input_split_sizes, timeout=timeout
+            )
+        return self._tensor_collective(
+            "all_to_all_single",
+            timeout,
+            _args.all_to_all_single,
+            output,
+            input,
+            output_split_sizes,
+            input_split_sizes,
+        )
+
+
+_BARRIER = _args.Checked(Op("barrier"), "", 0)
+
+
+def _barrier(g: ProcessGroup, b: Binding) -> _args.Checked:
+    return _BARRIER
 
 
 async def _await(aw: Awaitable[Any]) -> Any:

@@ -4,15 +4,16 @@ The transport reads and writes host memory, so a CUDA tensor given to an operati
 group travels through a *twin*: a host tensor of the same shape and dtype over a buffer from
 the stager's pool (pinned memory for CUDA, so the copies are real asynchronous DMA).
 
-How one staged operation runs (``call_staged``; the hook is ``aiodist.face.dispatch.routed``):
+How one staged operation runs (``StagedBackend``, which wraps the native backend; the group
+asks its binding for each tensor argument while it checks the call):
 
 1. At the call, every tensor argument the stager wants is replaced by its twin. An input starts
    its copy into the twin at once: CUDA does it on a side stream that first waits for the
    caller's current stream, so the copy sees every kernel queued before the call.
 2. The operation itself starts at once, on the twins, so that it takes its place in the
-   group's call order. A collective's algorithm first awaits the input copies (``gated``: the
-   one line in ``_collectives.launch``); a send waits for its copy before it is queued, which
-   keeps messages of one (peer, tag) in order.
+   group's call order. A collective's algorithm first awaits the input copies (the gate the
+   binding hands the native backend); a send waits for its copy before it is queued
+   (``ready_now``), which keeps messages of one (peer, tag) in order.
 3. Once the operation has completed, outputs are copied back into the caller's tensors (CUDA:
    on the stream that was current at the call), and once those copies ran, the buffers go back
    to the pool; only then does the Work complete. A failed operation's buffers are dropped,
@@ -30,19 +31,21 @@ latter (``aiodist.face.world.set_stager``) to run every step above except the de
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import enum
-import inspect
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from aiodist import _tensors
+from aiodist.backends.base import IN, INOUT, OUT, Backend, Binding, Gate, Op, Role, TensorOps
 from aiodist.errors import DistError, DistValueError
 from aiodist.work import Work
+
+if TYPE_CHECKING:
+    from aiodist.collectives.context import OpContext
+    from aiodist.group import ProcessGroup
 
 __all__ = [
     "DEFAULT_MAX_CACHED_BYTES",
@@ -56,10 +59,9 @@ __all__ = [
     "HostStager",
     "Role",
     "Staged",
+    "StagedBackend",
     "Stager",
-    "call_staged",
     "check_one_device",
-    "gated",
     "on_caller_stream",
 ]
 
@@ -68,17 +70,6 @@ MIN_BUCKET = 4096
 
 DEFAULT_MAX_CACHED_BYTES = 1 << 30
 """How many bytes of released buffers a pool keeps for reuse (1 GiB)."""
-
-
-class Role(enum.Enum):
-    """How an operation uses a tensor argument: read, written, or both."""
-
-    IN = "in"
-    OUT = "out"
-    INOUT = "inout"
-
-
-IN, OUT, INOUT = Role.IN, Role.OUT, Role.INOUT
 
 
 # -- the pool ----------------------------------------------------------------------------------
@@ -449,37 +440,6 @@ def on_caller_stream(fn: Callable[[], Any]) -> Callable[[], Any]:
     return on_stream
 
 
-# -- running an operation staged -------------------------------------------------------------------
-
-# The staged inputs of the operation being started on this thread, for ``gated``; set only
-# for the duration of the synchronous call of the operation's function by ``call_staged``.
-_gate: contextvars.ContextVar[tuple[Stager, list[Staged]] | None] = contextvars.ContextVar(
-    "aiodist_staging_gate", default=None
-)
-
-
-def gated(coro: Coroutine[Any, Any, Any]) -> Coroutine[Any, Any, Any]:
-    """The algorithm ``coro`` of a collective, held until its staged inputs are in host memory.
-
-    ``_collectives.launch`` passes every algorithm through here; outside a staged call this
-    returns ``coro`` itself.
-    """
-    gate = _gate.get()
-    if gate is None:
-        return coro
-    _gate.set(None)  # one operation per staged call
-    return _after_ready(gate[0], gate[1], coro)
-
-
-async def _after_ready(stager: Stager, staged: list[Staged], coro: Coroutine[Any, Any, Any]) -> Any:
-    try:
-        await stager.ready(staged)
-    except BaseException:
-        coro.close()
-        raise
-    return await coro
-
-
 def check_one_device(items: Sequence[tuple[str, Any]]) -> None:
     """Refuse tensors on different devices in one call (numpy arrays count as "cpu").
 
@@ -502,63 +462,93 @@ def check_one_device(items: Sequence[tuple[str, Any]]) -> None:
             )
 
 
-def _flatten(name: str, value: Any) -> list[tuple[str, Any]]:
-    if isinstance(value, list | tuple):
-        return [(f"{name}[{i}]", v) for i, v in enumerate(value)]
-    return [(name, value)]
+# -- the staged backend ------------------------------------------------------------------------
 
 
-def call_staged(
-    stager: Stager,
-    loop: asyncio.AbstractEventLoop,
-    fn: Callable[..., Work],
-    signature: inspect.Signature,
-    roles: dict[str, Role],
-    sends: bool,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Work:
-    """Run the operation ``fn(*args, **kwargs)`` with its tensors staged (see the module doc).
+class StagedBackend:
+    """Wraps another backend: the tensors its stager wants travel through host twins.
 
-    Args:
-        roles: how ``fn`` uses each tensor (or tensor list) argument, by parameter name.
-        sends: ``fn`` queues its bytes at once (a send): its inputs are copied before the call.
-    Returns:
-        A Work that completes after the operation's, once its outputs are back in place.
-    Raises:
-        Whatever ``fn`` raises for bad arguments; DistValueError for tensors on different devices.
+    One per job, shared by its groups on aiodist's transport (``World.staged``). ``stager``
+    may be replaced (``aiodist.face.world.set_stager``) or None (device tensors refused).
     """
-    bound = signature.bind(*args, **kwargs)
-    check_one_device([item for name in roles for item in _flatten(name, bound.arguments.get(name))])
-    staged: list[Staged] = []
 
-    def twin(label: str, obj: Any, role: Role) -> Any:
-        if not (_tensors.is_tensor_like(obj) and stager.wants(obj)):
-            return obj
-        s = stager.stage(obj, arg=label, copy_in=role is not OUT, copy_out=role is not IN)
-        staged.append(s)
-        return s.host
+    def __init__(self, inner: Backend, stager: Stager | None) -> None:
+        self.inner = inner
+        self.stager = stager
+        self.own_ops: TensorOps | None = None
 
-    try:
-        for name, role in roles.items():
-            value = bound.arguments.get(name)
-            if isinstance(value, list | tuple):
-                bound.arguments[name] = type(value)(
-                    twin(f"{name}[{i}]", v, role) for i, v in enumerate(value)
-                )
-            elif value is not None:
-                bound.arguments[name] = twin(name, value, role)
-        if sends:
-            stager.wait_ready(staged)
-        token = _gate.set((stager, staged))
-        try:
-            work = fn(*bound.args, **bound.kwargs)
-        finally:
-            _gate.reset(token)
-    except BaseException:
-        stager.discard(staged)
-        raise
-    return Work(loop.create_task(_complete(stager, staged, work)), work.name)
+    def __repr__(self) -> str:
+        return f"<StagedBackend {type(self.stager).__name__} over {self.inner!r}>"
+
+    def bind(self, group: ProcessGroup, what: str) -> Binding:
+        inner = self.inner.bind(group, what)
+        if self.stager is None:
+            return inner
+        return _StagedBinding(inner, self.stager, group.loop)
+
+    def direct(self, obj: Any) -> bool:
+        return not (self.stager is not None and _tensors.is_tensor_like(obj) and self.stager.wants(obj))
+
+    async def aclose(self) -> None:
+        if self.stager is not None:
+            self.stager.close()  # frees the staging pool
+
+
+class _StagedBinding:
+    """One operation's staged tensors (see the module doc): twins at the call, the algorithm
+    held until the inputs are in, outputs copied back before the Work completes."""
+
+    __slots__ = ("_device", "inner", "loop", "staged", "stager")
+
+    def __init__(self, inner: Binding, stager: Stager, loop: asyncio.AbstractEventLoop) -> None:
+        self.inner = inner
+        self.stager = stager
+        self.loop = loop
+        self.staged: list[Staged] = []
+        self._device: tuple[str, str] | None = None  # (argument, device) of the first tensor
+
+    def tensor(self, obj: Any, *, arg: str, role: Role, writable: bool) -> Any:
+        if _tensors.is_tensor_like(obj):
+            self._one_device(arg, _tensors.device_of(obj))
+            if self.stager.wants(obj):
+                s = self.stager.stage(obj, arg=arg, copy_in=role is not OUT, copy_out=role is not IN)
+                self.staged.append(s)
+                obj = s.host
+        return self.inner.tensor(obj, arg=arg, role=role, writable=writable)
+
+    def _one_device(self, arg: str, device: str) -> None:
+        if self._device is None:
+            self._device = (arg, device)
+        elif device != self._device[1]:
+            raise DistValueError(
+                f"the tensors of one call must be on one device: {self._device[0]} is on "
+                f"{self._device[1]} but {arg} is on {device}"
+            )
+
+    def ready_now(self) -> None:
+        self.stager.wait_ready(self.staged)
+
+    def start(self, ctx: OpContext, op: Op, timeout: float | None, gate: Gate | None = None) -> Work:
+        if not self.staged:
+            return self.inner.start(ctx, op, timeout, gate)
+        staged = self.staged
+
+        async def inputs_in() -> None:
+            if gate is not None:
+                await gate()
+            await self.stager.ready(staged)
+
+        return self.complete(self.inner.start(ctx, op, timeout, inputs_in))
+
+    def complete(self, work: Work) -> Work:
+        work = self.inner.complete(work)
+        if not self.staged:
+            return work
+        return Work(self.loop.create_task(_complete(self.stager, self.staged, work)), work.name)
+
+    def drop(self) -> None:
+        self.stager.discard(self.staged)
+        self.inner.drop()
 
 
 async def _complete(stager: Stager, staged: list[Staged], work: Work) -> Any:

@@ -11,8 +11,8 @@ adapter (``TorchEngine``) is the same for both; everything else is aiodist's:
   call blocks on the store's coroutine running on the runtime loop; the engine is therefore
   built off the loop's thread (``asyncio.to_thread``), never on it.
 - groups and ranks: a group is an aiodist ``ProcessGroup`` (global ranks for ``src``/``dst``,
-  ``new_group``, non-members) whose ``engine`` runs its tensor operations (``_dispatch``
-  routes them). The group's aiodist transport, connected as for "tcp", still carries object
+  ``new_group``, non-members) whose backend (``TorchBackend``, given at its creation) runs its
+  tensor operations (``ProcessGroup`` hands them to ``own_ops``). The group's aiodist transport, connected as for "tcp", still carries object
   collectives, ``monitored_barrier`` and DDP's construction exchange, and watches the peers.
 - Work: each operation returns an aiodist ``Work`` on the runtime loop, completed from torch's
   future (``Future.then`` -> ``loop.call_soon_threadsafe``) or, where torch's work has no
@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from aiodist import _tensors
+from aiodist.backends.base import Binding, TensorOps
 from aiodist.errors import (
     DistError,
     DistNetworkError,
@@ -55,7 +56,7 @@ from aiodist.store import Store
 from aiodist.store.blocking import StoreCalls
 from aiodist.work import Work
 
-__all__ = ["ENGINE_BACKENDS", "TorchEngine", "check_available", "start_engine", "torch_store"]
+__all__ = ["ENGINE_BACKENDS", "TorchBackend", "TorchEngine", "check_available", "start_engine", "torch_store"]
 
 #: aiodist backend name -> torch engine.
 ENGINE_BACKENDS = {"nccl": "nccl", "torch-gloo": "gloo"}
@@ -218,6 +219,50 @@ async def start_engine(
     return TorchEngine(backend, pg, group, device)
 
 
+class TorchBackend:
+    """A group's backend on torch's engine: given to the group at creation, connected by
+    ``connect`` (every member, at about the same time), then it runs whole operations.
+
+    Args:
+        backend: "nccl" or "torch-gloo".
+        store: the rendezvous store of this group's engine.
+        host: the address gloo listens on.
+        device: NCCL: the CUDA device of this rank.
+    """
+
+    def __init__(self, backend: str, store: Store, *, host: str, device: Any = None) -> None:
+        self.backend = backend
+        self._store = store
+        self._host = host
+        self._device = device
+        self.engine: TorchEngine | None = None
+
+    def __repr__(self) -> str:
+        return f"<TorchBackend {self.backend} {self.engine!r}>"
+
+    @property
+    def own_ops(self) -> TensorOps | None:
+        return self.engine
+
+    async def connect(self, group: ProcessGroup) -> None:
+        """Build torch's engine for ``group`` (a member's view; see ``start_engine``)."""
+        self.engine = await start_engine(
+            self.backend, self._store, group, timeout=group.timeout, host=self._host, device=self._device
+        )
+
+    def bind(self, group: ProcessGroup, what: str) -> Binding:
+        raise DistError(
+            f"{what} on rank {group.global_rank}: torch's engine of {group.name} is not connected"
+        )
+
+    def direct(self, obj: Any) -> bool:
+        return False
+
+    async def aclose(self) -> None:
+        if self.engine is not None:
+            await self.engine.aclose()
+
+
 # -- the adapter ------------------------------------------------------------------------------------
 
 
@@ -240,9 +285,9 @@ def _wait_error(work: Any) -> BaseException | None:
 class TorchEngine:
     """Runs the tensor operations of one aiodist group on a torch process group.
 
-    Its methods have the signatures of the async face's operations (``aiodist.all_reduce``...);
-    ``aiodist.face.dispatch.routed`` calls them for groups whose ``engine`` is set. ``group``
-    arguments are ignored (the engine serves one group); ranks are global, as everywhere.
+    Its methods have the signatures of the async face's operations (``aiodist.all_reduce``...,
+    the ``TensorOps`` protocol); the ``ProcessGroup`` it serves calls them (``TorchBackend.own_ops``).
+    ``group`` arguments are ignored (the engine serves one group); ranks are global, as everywhere.
 
     Attributes:
         backend: "nccl" or "torch-gloo".

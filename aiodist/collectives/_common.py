@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -16,6 +16,7 @@ from aiodist.ops import ReduceOp, finalize_inplace, reduce_inplace
 
 __all__ = [
     "Array",
+    "SlotReceives",
     "bounds",
     "bv",
     "check_size",
@@ -107,3 +108,65 @@ async def wait_all(aws: Iterable[Awaitable[Any]]) -> None:
     """Await every send/receive of a list (sends must finish before their buffer is reused)."""
     for aw in aws:
         await aw
+
+
+class SlotReceives:
+    """The receive schedule of a pipelined reduction: receives posted in schedule order, those
+    that land in scratch taking one of ``count`` slots of ``length`` elements (the algorithm's
+    only scratch), so a message always finds its buffer posted and the scratch stays bounded.
+
+    Entry ``i`` of the schedule needs ``size(i)`` elements of scratch, or None when it is
+    received straight into its final place; ``post(i, slot_view_or_None)`` posts its receive.
+    Posting stops at the first entry that needs a slot while none is free; ``release`` gives a
+    slot back (its data was used) and posts what then fits.
+    """
+
+    __slots__ = ("_free", "_next", "_post", "_posted", "_size", "_slot_of", "_total", "_views")
+
+    def __init__(
+        self,
+        count: int,
+        length: int,
+        dtype: Any,
+        total: int,
+        size: Callable[[int], int | None],
+        post: Callable[[int, Array | None], Awaitable[Any]],
+    ) -> None:
+        scratch = np.empty(count * length, dtype=dtype)
+        self._views = [scratch[k * length : (k + 1) * length] for k in range(count)]
+        self._free = list(range(count))
+        self._total = total
+        self._size = size
+        self._post = post
+        self._posted: dict[int, Awaitable[Any]] = {}
+        self._slot_of: dict[int, int] = {}
+        self._next = 0
+        self._fill()
+
+    def _fill(self) -> None:
+        while self._next < self._total:
+            i = self._next
+            n = self._size(i)
+            buf = None
+            if n is not None:
+                if not self._free:
+                    return
+                k = self._free.pop()
+                self._slot_of[i] = k
+                buf = self._views[k][:n]
+            self._posted[i] = self._post(i, buf)
+            self._next += 1
+
+    async def arrived(self, i: int) -> int | None:
+        """Wait for entry ``i``'s message; the slot it landed in (None: its final place)."""
+        await self._posted.pop(i)
+        return self._slot_of.pop(i, None)
+
+    def view(self, k: int, n: int) -> Array:
+        """The first ``n`` elements of slot ``k``."""
+        return self._views[k][:n]
+
+    def release(self, k: int) -> None:
+        """Slot ``k``'s data has been used: post the receives that now fit."""
+        self._free.append(k)
+        self._fill()

@@ -38,6 +38,10 @@ async def allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None
     if n == 1:
         copy_into(blocks[0], inp)
         return
+    if (how := select.host_algorithm("all_gather", inp.nbytes, ctx)) != "flat":
+        from aiodist.collectives import hostaware  # (it runs the flat forms within hosts)
+
+        return await hostaware.allgather(ctx, blocks, inp, how)
     if equal and select.allgather_algorithm(inp.nbytes, n) == "bruck":
         await bruck_allgather(ctx, blocks, inp)
     else:

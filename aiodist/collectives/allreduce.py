@@ -31,6 +31,7 @@ import numpy as np
 from aiodist.collectives import select
 from aiodist.collectives._common import (
     Array,
+    SlotReceives,
     bounds,
     bv,
     diagonal_order,
@@ -49,6 +50,10 @@ async def allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
     """Reduce ``arr`` (flat, writable) across the group in place; every rank gets the result."""
     if ctx.size == 1:
         return
+    if (how := select.host_algorithm("all_reduce", arr.nbytes, ctx)) != "flat":
+        from aiodist.collectives import hostaware  # (it runs the flat forms within hosts)
+
+        return await hostaware.allreduce(ctx, arr, op, how)
     if select.allreduce_algorithm(arr.nbytes, ctx.size) == "ring":
         await ring_allreduce(ctx, arr, op)
     else:
@@ -109,35 +114,23 @@ async def ring_allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
         return (r - 1 - t) % n if t <= n - 2 else (r - (t - n + 1)) % n
 
     order = diagonal_order(nseg, steps)
-    nslots = select.RING_SLOTS
-    scratch = np.empty(nslots * min(seg, max(1, arr.size)), dtype=arr.dtype)
-    slot_len = scratch.size // nslots
-    slots = [scratch[k * slot_len : (k + 1) * slot_len] for k in range(nslots)]
-    slot_of: dict[int, int] = {}  # order index -> slot (reduce-scatter steps only)
-    free_slots = list(range(nslots))
-    posted: dict[int, Awaitable[Any]] = {}
     sends: list[Awaitable[None]] = []
-    next_post = 0
 
-    def post_ready() -> None:
-        """Post receives in schedule order while buffers are available for them."""
-        nonlocal next_post
-        while next_post < len(order):
-            j, t = order[next_post]
-            dest = region(incoming_chunk(t), j)
-            if t <= n - 2:
-                if not free_slots:
-                    return
-                k = free_slots.pop()
-                slot_of[next_post] = k
-                dest = slots[k][: dest.size]
-            posted[next_post] = ctx.recv(left, bv(dest))
-            next_post += 1
+    def scratch_size(i: int) -> int | None:
+        j, t = order[i]  # reduce-scatter steps land in scratch; all-gather steps in place
+        return region(incoming_chunk(t), j).size if t <= n - 2 else None
+
+    def post(i: int, slot: Array | None) -> Awaitable[Any]:
+        j, t = order[i]
+        return ctx.recv(left, bv(region(incoming_chunk(t), j) if slot is None else slot))
+
+    rx = SlotReceives(
+        select.RING_SLOTS, min(seg, max(1, arr.size)), arr.dtype, len(order), scratch_size, post
+    )
 
     def emit(chunk: int, j: int) -> None:
         sends.append(ctx.send(right, bv(region(chunk, j))))
 
-    post_ready()
     i = 0
     for d in range(nseg + steps - 1):
         if d < nseg:
@@ -146,16 +139,14 @@ async def ring_allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
         while i < len(order) and order[i][0] + order[i][1] == d:
             j, t = order[i]
             chunk = incoming_chunk(t)
-            await posted.pop(i)
-            if t <= n - 2:
-                k = slot_of.pop(i)
+            k = await rx.arrived(i)
+            if k is not None:
                 mine = region(chunk, j)
-                await reduce_into(op, mine, slots[k][: mine.size])
-                free_slots.append(k)
+                await reduce_into(op, mine, rx.view(k, mine.size))
+                rx.release(k)
                 if t == n - 2:
                     await finalize(op, mine, n)  # the owner's result is what everyone gets
             i += 1
-            post_ready()
             if t < steps - 1:
                 emit(chunk, j)  # step t + 1 of segment j
     await wait_all(sends)

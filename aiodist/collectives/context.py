@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Sequence
 
 from aiodist._tensors import byte_view
+from aiodist.collectives.topology import HostMap, host_map
 from aiodist.transport.base import Fingerprint, Key, Transport
 
 __all__ = ["OpContext", "byte_view"]
@@ -24,9 +25,10 @@ class OpContext:
         rank: this process's rank in the group.
         size: the group's size.
         loop: the event loop the operation runs on.
+        hosts: the group's ranks by host, equal on every rank (None: no host facts).
     """
 
-    __slots__ = ("fp", "key", "loop", "rank", "ranks", "size", "transport")
+    __slots__ = ("fp", "hosts", "key", "loop", "rank", "ranks", "size", "transport")
 
     def __init__(
         self, transport: Transport, ranks: Sequence[int], rank: int, key: Key, fp: Fingerprint | None
@@ -38,6 +40,8 @@ class OpContext:
         self.key = key
         self.fp = fp
         self.loop = transport.loop
+        # The group's ranks by host, equal on every rank (None: the transport knows no hosts).
+        self.hosts: HostMap | None = host_map(transport.host_keys, ranks)
 
     def send(self, peer: int, buf: memoryview) -> Awaitable[None]:
         """Queue ``buf`` for group rank ``peer`` now; await it before reusing ``buf``."""
@@ -53,3 +57,24 @@ class OpContext:
         s = self.send(dst, sbuf)
         await s
         await r
+
+    # -- host facts (aiodist.collectives.hostaware) ----------------------------------------
+    def shares_memory(self) -> bool:
+        """Every member reaches every other member of its host through shared memory (from the
+        facts the ranks agreed on at rendezvous, so every member answers the same)."""
+        shm = self.transport.shm_local
+        return shm is not None and all(shm[g] for g in self.ranks)
+
+    def sub(self, members: Sequence[int]) -> OpContext:
+        """The same operation among group ranks ``members`` only (this rank must be one of them).
+
+        The sub-operation keeps the operation's key and fingerprint: its messages are told from
+        the other phases' by their order, which each pair of ranks keeps.
+        """
+        return OpContext(
+            self.transport,
+            tuple(self.ranks[m] for m in members),
+            list(members).index(self.rank),
+            self.key,
+            self.fp,
+        )

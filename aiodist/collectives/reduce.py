@@ -24,7 +24,16 @@ from collections.abc import Awaitable
 import numpy as np
 
 from aiodist.collectives import select
-from aiodist.collectives._common import Array, bounds, bv, finalize, n_segments, reduce_into, wait_all
+from aiodist.collectives._common import (
+    Array,
+    SlotReceives,
+    bounds,
+    bv,
+    finalize,
+    n_segments,
+    reduce_into,
+    wait_all,
+)
 from aiodist.collectives.context import OpContext
 from aiodist.ops import ReduceOp
 
@@ -37,6 +46,10 @@ async def reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> None:
     """Reduce every rank's ``arr`` into the root's ``arr`` (only the root's is written)."""
     if ctx.size == 1:
         return
+    if (how := select.host_algorithm("reduce", arr.nbytes, ctx)) != "flat":
+        from aiodist.collectives import hostaware  # (it runs the flat forms within hosts)
+
+        return await hostaware.reduce(ctx, arr, op, root, how)
     if select.reduce_algorithm(arr.nbytes, ctx.size) == "chain":
         await chain_reduce(ctx, arr, op, root)
     else:
@@ -83,16 +96,21 @@ async def chain_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> N
             sends.append(ctx.send(down, bv(part(arr, j))))
         await wait_all(sends)
         return
-    slot_len = min(seg, max(1, arr.size))
-    scratch = np.empty(nslots * slot_len, dtype=arr.dtype)
-    slots = [scratch[k * slot_len : (k + 1) * slot_len] for k in range(nslots)]
-    recvs = {j: ctx.recv(up, bv(slots[j][: sb[j + 1] - sb[j]])) for j in range(nslots)}
-    slot_send: list[Awaitable[None] | None] = [None] * nslots
+
+    def post(j: int, slot: Array | None) -> Awaitable[int]:
+        assert slot is not None  # every segment lands in a slot
+        fut = ctx.recv(up, bv(slot))
+        if j >= nslots:
+            sends.append(ctx.send(up, _CREDIT))  # its buffer is posted: upstream may send j
+        return fut
+
+    rx = SlotReceives(nslots, min(seg, max(1, arr.size)), arr.dtype, nseg, lambda j: sb[j + 1] - sb[j], post)
+    slot_send: dict[int, Awaitable[None]] = {}  # by slot: its data on the way downstream
     for j in range(nseg):
-        k = j % nslots
         mine = part(arr, j)
-        incoming = slots[k][: mine.size]
-        await recvs.pop(j)
+        k = await rx.arrived(j)
+        assert k is not None
+        incoming = rx.view(k, mine.size)
         if v == 0:
             await reduce_into(op, mine, incoming)
             await finalize(op, mine, n)
@@ -101,12 +119,10 @@ async def chain_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> N
             if j >= nslots:
                 await credits[j - nslots]
             slot_send[k] = ctx.send(down, bv(incoming))
-        nxt = j + nslots
-        if nxt < nseg:
-            pending = slot_send[k]
+        if j + nslots < nseg:
+            pending = slot_send.pop(k, None)
             if pending is not None:
                 await pending  # the slot is free once its data has left
-            recvs[nxt] = ctx.recv(up, bv(slots[k][: sb[nxt + 1] - sb[nxt]]))
-            sends.append(ctx.send(up, _CREDIT))
-    await wait_all(s for s in slot_send if s is not None)
+            rx.release(k)
+    await wait_all(slot_send.values())
     await wait_all(sends)

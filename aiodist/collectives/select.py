@@ -54,11 +54,39 @@ gather, bytes per rank: binomial tree / direct::
     -> direct at every size measured; the tree is kept for groups of 16+ ranks with
     blocks under 16 KiB, where n-1 messages converging on the root cost more than
     log2(n) rounds (not measurable on this machine).
+
+Host-aware choices (``host_algorithm``) follow the group's layout over hosts, not a size: the
+direct forms on one host with shared memory, the hierarchical ones across hosts with several
+ranks on some host, each switching to its pipelined form at the flat switch points above.
+
+One host over shared memory (a trial merge with the shared-memory transport, same machine,
+load 6-8 from other jobs; best of 15 / 7 calls, two interleaved runs, /tmp scripts not kept),
+all_reduce float32 flat (recursive doubling below 1 MiB, ring above) / direct, ms::
+
+    2 ranks: 64 KiB 0.15-0.56 / 0.17-0.76, 256 KiB 0.49-0.58 / 0.52-1.0, 1 MiB 1.0-1.2 /
+             1.0-1.4, 4 MiB 2.5 / 1.3-2.7, 16 MiB 8.5-15.5 / 11-15, 64 MiB 83 / 55
+    4 ranks: 64 KiB 0.29-0.55 / 1.3-2.7, 256 KiB 1.7-1.9 / 2.5, 1 MiB 4.4-8.8 / 2.6-10.9,
+             4 MiB 7.4-7.7 / 7.0-8.2, 16 MiB 42-50 / 30-41
+    -> direct from 1 MiB (``DIRECT_ALLREDUCE_BYTES``): below, two rounds of messages to every
+    peer cost more than recursive doubling's log2(n) exchanges. 2 ranks, 64 MiB, flat / direct:
+    all_gather 60 / 40, broadcast 6-16 / 13-15 (the same single transfer on 2 ranks).
+
+Over TCP (no shared memory: 4 processes over loopback on the 2 cores, load 14-17): told they
+are two hosts of two, all_reduce 4 B 255-270 µs hierarchical against 100-110 µs flat, 64 KiB
+370-570 / 150-230 µs; 16 MiB 80 / 190 ms (the same ring in host order: noise). One host with
+the direct forms forced, 2 ranks: all_gather 64 MiB per rank 970 / 570 ms flat, all_reduce 64
+MiB 267 / 228 ms -> without shared memory the direct forms are not chosen. The gain of the
+phases across real hosts cannot be measured on one machine.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from aiodist.runtime import host as _host
+
+if TYPE_CHECKING:
+    from aiodist.collectives.context import OpContext
 
 __all__ = [
     "ALLGATHER_RING_BYTES",
@@ -76,6 +104,10 @@ __all__ = [
     "allreduce_algorithm",
     "broadcast_algorithm",
     "gather_algorithm",
+    "HOST_ALGOS_ENV",
+    "DIRECT_ALLREDUCE_BYTES",
+    "DIRECT_DEPTH",
+    "host_algorithm",
     "offload_reduction",
     "reduce_algorithm",
     "reduce_scatter_algorithm",
@@ -144,3 +176,44 @@ def reduce_scatter_algorithm(block_bytes: int, size: int) -> str:
 
 def gather_algorithm(block_bytes: int, size: int) -> str:
     return "tree" if size >= TREE_GATHER_MIN_RANKS and block_bytes < TREE_GATHER_BYTES else "direct"
+
+
+# -- host-aware choices (aiodist.collectives.hostaware) -------------------------------------
+
+#: ``AIODIST_HOST_ALGOS``, which every rank of a job must set alike (the rendezvous checks it and
+#: the transport holds it): ``auto`` (the default): direct algorithms on a group whose ranks share
+#: one host and reach each other through shared memory, hierarchical ones on a group spread over
+#: hosts with several ranks on some host; ``flat``: neither; ``direct``: the direct algorithms on
+#: every group on one host, whatever carries its data (tests, measurements).
+HOST_ALGOS_ENV = "AIODIST_HOST_ALGOS"
+#: all_reduce on one host: recursive doubling below, direct reduce-scatter + all-gather at and above
+#: (measured over shared memory: see above).
+DIRECT_ALLREDUCE_BYTES = 1024 * 1024
+#: segments of the direct reductions in flight at once (each takes size - 1 segments of scratch).
+DIRECT_DEPTH = 2
+
+#: The host-aware operations: those with a direct (one host) and a hierarchical form.
+_DIRECT_OPS = frozenset({"all_reduce", "broadcast", "all_gather", "reduce_scatter"})
+_HIERARCHICAL_OPS = frozenset({"all_reduce", "broadcast", "all_gather", "reduce", "barrier"})
+
+
+def host_algorithm(op: str, nbytes: int, ctx: OpContext) -> str:
+    """``"direct"``, ``"hierarchical"`` or ``"flat"`` for operation ``op`` of ``nbytes`` on ``ctx``'s group.
+
+    Depends only on facts equal on every rank: the group's host map, whether its members reach
+    the others of their host through shared memory, and ``AIODIST_HOST_ALGOS``, all three
+    agreed on at rendezvous (``transport.mesh``), the operation and its size.
+    """
+    hosts = ctx.hosts
+    if hosts is None or ctx.size == 1:
+        return "flat"
+    mode = ctx.transport.host_algos
+    if mode == "flat":
+        return "flat"
+    if hosts.layered:
+        return "hierarchical" if op in _HIERARCHICAL_OPS else "flat"
+    if not hosts.one_host or op not in _DIRECT_OPS:
+        return "flat"
+    if op == "all_reduce" and nbytes < DIRECT_ALLREDUCE_BYTES:
+        return "flat"
+    return "direct" if mode == "direct" or ctx.shares_memory() else "flat"

@@ -12,6 +12,7 @@ it also runs on a broken group: it is the tool for finding out who is gone.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from typing import Any
 
 from aiodist.collectives.context import OpContext
@@ -133,10 +134,12 @@ def monitored_barrier(
     t = g.timeout if timeout is None else as_seconds(timeout)
     if t <= 0:
         raise DistValueError(f"monitored_barrier timeout must be positive, got {t}")
-    ctx = g.next_op("monitored_barrier", allow_broken=True)
-    if ctx.size == 1:
-        return Work.completed(g.loop, "monitored_barrier")
-    if ctx.rank == 0:
-        coro = _monitor(ctx, t, wait_all_ranks, torch_wording)
-        return g.collective(ctx, coro, timeout=t + 2 * _ANSWER_SLACK, survives_loss=True)
-    return g.collective(ctx, _member(ctx, torch_wording), timeout=t + _ANSWER_SLACK, survives_loss=True)
+
+    def algorithm(ctx: OpContext) -> Coroutine[Any, Any, None]:
+        if ctx.rank == 0:
+            return _monitor(ctx, t, wait_all_ranks, torch_wording)
+        return _member(ctx, torch_wording)
+
+    # Rank 0 answers within the timeout; a member waits for the answer a little longer.
+    slack = 2 * _ANSWER_SLACK if g.rank == 0 else _ANSWER_SLACK
+    return g.run_collective("monitored_barrier", algorithm, t + slack, allow_broken=True, survives_loss=True)

@@ -18,7 +18,6 @@ import importlib
 import os
 import pickle
 import sys
-from collections.abc import Coroutine
 from typing import Any
 
 import msgpack
@@ -31,7 +30,6 @@ from aiodist.collectives.broadcast import broadcast as _broadcast
 from aiodist.collectives.gather import gather as _gather
 from aiodist.collectives.gather import scatter as _scatter
 from aiodist.errors import DistError, DistTypeError, DistValueError
-from aiodist.face.tensor_collectives import launch
 from aiodist.face.world import resolve_group
 from aiodist.group import ProcessGroup
 from aiodist.ops import SUPPORTED_DTYPE_NAMES, dtype_from_name, dtype_name
@@ -228,9 +226,7 @@ def _offsets(sizes: list[int]) -> list[int]:
 
 
 def _start(g: ProcessGroup, name: str, count: int, root: int, coro_fn: Any, timeout: float | None) -> Work:
-    ctx = g.next_op(name, dtype="object", count=count, root=root)
-    coro: Coroutine[Any, Any, Any] = coro_fn(ctx)
-    return launch(g, ctx, coro, timeout)
+    return g.run_collective(name, coro_fn, timeout, dtype="object", count=count, root=root)
 
 
 # -- collectives ----------------------------------------------------------------------------

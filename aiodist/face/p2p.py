@@ -10,16 +10,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiodist.backends.staged import IN, OUT
 from aiodist.errors import DistTypeError, DistValueError
-from aiodist.face.dispatch import routed
 from aiodist.face.world import resolve_group
 from aiodist.work import Work
 
 __all__ = ["P2POp", "barrier", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
 
 
-@routed(sends=True, tensor=IN)
 def send(tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: float | None = None) -> Work:
     """Send ``tensor`` to global rank ``dst``.
 
@@ -49,7 +46,6 @@ def send(tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: flo
     return resolve_group(group).send(tensor, dst, tag, timeout)
 
 
-@routed(tensor=OUT)
 def recv(
     tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, *, timeout: float | None = None
 ) -> Work:
@@ -81,7 +77,6 @@ def recv(
     return resolve_group(group).recv(tensor, src, tag, timeout)
 
 
-@routed(sends=True, tensor=IN)
 def isend(tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: float | None = None) -> Work:
     """Same as ``send`` (every operation of the async face is non-blocking).
 
@@ -106,7 +101,6 @@ def isend(tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: fl
     return resolve_group(group).send(tensor, dst, tag, timeout)
 
 
-@routed(tensor=OUT)
 def irecv(
     tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, *, timeout: float | None = None
 ) -> Work:
@@ -173,8 +167,10 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
     if not isinstance(p2p_op_list, Sequence) or not all(isinstance(p, P2POp) for p in p2p_op_list):
         raise DistTypeError("batch_isend_irecv takes a list of P2POp")
     groups = [resolve_group(p.group) for p in p2p_op_list]
-    if groups and groups[0].engine is not None and all(g is groups[0] for g in groups):
-        return groups[0].engine.batch_isend_irecv(p2p_op_list)  # type: ignore[no-any-return]
+    if groups and all(g is groups[0] for g in groups):
+        whole = groups[0].batch_isend_irecv(p2p_op_list)  # a torch engine starts the list itself
+        if whole is not None:
+            return whole
     works = []
     for p, g in zip(p2p_op_list, groups, strict=True):
         peer = p.peer
@@ -184,7 +180,6 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
                     f"P2POp: group_peer={p.group_peer} is not a rank of {g.name} (size {g.size})"
                 )
             peer = g.ranks[p.group_peer]
-        # Through isend/irecv, so that each one is routed (engine, staging) like a single call.
         if _direction(p.op) == "send":
             assert peer is not None  # checked in __post_init__
             works.append(isend(p.tensor, peer, g, p.tag))
@@ -193,7 +188,6 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
     return works
 
 
-@routed()
 def barrier(group: Any = None, *, timeout: float | None = None) -> Work:
     """Complete once every member of ``group`` has entered the barrier.
 

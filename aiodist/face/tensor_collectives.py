@@ -1,42 +1,19 @@
-"""Collective operations of the async face.
+"""Collective operations of the async face: each resolves its group and calls it.
 
-Each call validates its arguments once (before taking a sequence number, so a refused call
-leaves the group's numbering untouched on this rank), takes the group's next operation,
-whose fingerprint (op, sequence number, dtype, element count, root, reduce op) travels with
-every message so that ranks disagreeing on any of them get a ``CollectiveMismatchError``,
-and starts the algorithm; it returns a ``Work`` at once. Ranks (``src``, ``dst``) are global
-ranks, as in torch. Output buffers are written in place; on failure or timeout they may hold
-partial data.
-
-Fingerprint counts: the element count of the tensor every rank passes with the same size
-(``tensor``; ``all_gather``: the input; ``gather``: the input; ``scatter``/``reduce_scatter``:
-the output). ``all_to_all`` blocks may legitimately differ per pair, so their count is -1 and
-each receive's exact byte check catches sizes that disagree.
+The group checks the arguments (before taking a sequence number, so a refused call leaves the
+group's numbering untouched on this rank), numbers the operation, whose fingerprint (op,
+sequence number, dtype, element count, root, reduce op) travels with every message so that
+ranks disagreeing on any of them get a ``CollectiveMismatchError``, and starts it on its
+backend; it returns a ``Work`` at once. Ranks (``src``, ``dst``) are global ranks, as in torch.
+Output buffers are written in place; on failure or timeout they may hold partial data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from aiodist import _tensors
-from aiodist.backends import staged as _staging
-from aiodist.backends.staged import IN, INOUT, OUT
-from aiodist.collectives.allgather import allgather as _allgather
-from aiodist.collectives.allreduce import allreduce as _allreduce
-from aiodist.collectives.alltoall import alltoall as _alltoall
-from aiodist.collectives.broadcast import broadcast as _broadcast
-from aiodist.collectives.context import OpContext
-from aiodist.collectives.detail import check_fingerprints, detail_enabled
-from aiodist.collectives.gather import gather as _gather
-from aiodist.collectives.gather import scatter as _scatter
-from aiodist.collectives.reduce import reduce as _reduce
-from aiodist.collectives.reduce_scatter import reduce_scatter as _reduce_scatter
-from aiodist.errors import DistTypeError, DistValueError
-from aiodist.face.dispatch import routed
 from aiodist.face.world import resolve_group
-from aiodist.group import ProcessGroup
-from aiodist.ops import ReduceOp, check_reduce, dtype_name
+from aiodist.ops import ReduceOp
 from aiodist.work import Work
 
 __all__ = [
@@ -48,7 +25,6 @@ __all__ = [
     "all_to_all_single",
     "broadcast",
     "gather",
-    "launch",
     "reduce",
     "reduce_scatter",
     "reduce_scatter_single",
@@ -56,89 +32,7 @@ __all__ = [
     "scatter",
 ]
 
-Array = Any  # a flat numpy view (see _tensors.as_array)
 
-
-# -- shared plumbing ---------------------------------------------------------------------------
-
-
-def launch(
-    group: ProcessGroup, ctx: OpContext, coro: Coroutine[Any, Any, Any], timeout: float | None
-) -> Work:
-    """Start ``coro`` as the collective ``ctx``; with ``AIODIST_DEBUG=DETAIL`` check agreement first.
-
-    The DETAIL check runs before the operation is handed to the group, so a disagreement is
-    raised by every rank from the same table of fingerprints (no rank's failure notice can
-    overtake another rank's own verdict) and the algorithm never starts.
-    """
-    coro = _staging.gated(coro)  # a staged call's inputs reach host memory first
-    if not detail_enabled():
-        return group.collective(ctx, coro, timeout)
-    t = group.timeout if timeout is None else timeout
-    # Shortly before the operation's own deadline, so a rank that never arrives is named.
-    check_timeout = t * 0.9 if t and 0 < t < float("inf") else None
-
-    async def checked() -> Any:
-        await check_fingerprints(ctx, check_timeout, coro)
-        return await group.collective(ctx, coro, timeout)
-
-    name = f"{ctx.fp[0]} #{ctx.fp[1]}" if ctx.fp else "collective"
-    return Work(group.loop.create_task(checked()), name)
-
-
-def _member(group: Any, what: str) -> ProcessGroup:
-    g = resolve_group(group)
-    g.check_usable(what)
-    return g
-
-
-def _root(g: ProcessGroup, rank: Any, arg: str) -> int:
-    """Group rank of the global rank ``rank`` given as ``arg``."""
-    return g.group_rank(rank, arg)
-
-
-def _reduce_op(op: Any, arr: Array) -> ReduceOp:
-    return check_reduce(op, arr.dtype)
-
-
-def _tensor_list(
-    objs: Any, arg: str, *, writable: bool, length: int, like: Array | None, same_size: bool = True
-) -> list[Array]:
-    """Views of a tensor list of ``length`` items sharing ``like``'s dtype (and size)."""
-    if not isinstance(objs, list | tuple):
-        raise DistTypeError(f"{arg} must be a list of tensors, got {type(objs).__qualname__}")
-    if len(objs) != length:
-        raise DistValueError(f"{arg} must have one tensor per group member ({length}), got {len(objs)}")
-    arrs = _tensors.as_arrays(objs, arg=arg, writable=writable)
-    ref = like if like is not None else (arrs[0] if arrs else None)
-    for i, a in enumerate(arrs):
-        if ref is None:
-            break
-        if a.dtype != ref.dtype:
-            raise DistTypeError(
-                f"{arg}[{i}] has dtype {dtype_name(a.dtype)} but {dtype_name(ref.dtype)} was expected"
-            )
-        if same_size and a.size != ref.size:
-            raise DistValueError(f"{arg}[{i}] has {a.size} elements but {ref.size} were expected")
-    return arrs
-
-
-def _same_dtype(a: Array, b: Array, arg_a: str, arg_b: str) -> None:
-    if a.dtype != b.dtype:
-        raise DistTypeError(
-            f"{arg_a} ({dtype_name(a.dtype)}) and {arg_b} ({dtype_name(b.dtype)}) must have the same dtype"
-        )
-
-
-def _split(arr: Array, n: int) -> list[Array]:
-    b = arr.size // n
-    return [arr[i * b : (i + 1) * b] for i in range(n)]
-
-
-# -- tensor collectives ------------------------------------------------------------------------
-
-
-@routed(tensor=INOUT)
 def broadcast(tensor: Any, src: int, group: Any = None, *, timeout: float | None = None) -> Work:
     """Copy global rank ``src``'s ``tensor`` into ``tensor`` on every member of ``group``.
 
@@ -162,14 +56,9 @@ def broadcast(tensor: Any, src: int, group: Any = None, *, timeout: float | None
     disagree about which operations ran: then it is out of step until ``resync``. A lost member
     breaks every group holding it: destroy_process_group, then init again.
     """
-    g = _member(group, "broadcast")
-    root = _root(g, src, "src")
-    arr = _tensors.as_array(tensor, arg="tensor", writable=g.rank != root)
-    ctx = g.next_op("broadcast", dtype=dtype_name(arr.dtype), count=arr.size, root=g.ranks[root])
-    return launch(g, ctx, _broadcast(ctx, arr, root), timeout)
+    return resolve_group(group).broadcast(tensor, src, timeout)
 
 
-@routed(tensor=INOUT)
 def all_reduce(
     tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -195,14 +84,9 @@ def all_reduce(
     disagree about which operations ran: then it is out of step until ``resync``. A lost member
     breaks every group holding it: destroy_process_group, then init again.
     """
-    g = _member(group, "all_reduce")
-    arr = _tensors.as_array(tensor, arg="tensor", writable=True)
-    rop = _reduce_op(op, arr)
-    ctx = g.next_op("all_reduce", dtype=dtype_name(arr.dtype), count=arr.size, redop=rop.name)
-    return launch(g, ctx, _allreduce(ctx, arr, rop), timeout)
+    return resolve_group(group).all_reduce(tensor, op, timeout)
 
 
-@routed(tensor=INOUT)
 def reduce(
     tensor: Any, dst: int, op: Any = ReduceOp.SUM, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -228,15 +112,9 @@ def reduce(
     disagree about which operations ran: then it is out of step until ``resync``. A lost member
     breaks every group holding it: destroy_process_group, then init again.
     """
-    g = _member(group, "reduce")
-    root = _root(g, dst, "dst")
-    arr = _tensors.as_array(tensor, arg="tensor", writable=g.rank == root)
-    rop = _reduce_op(op, arr)
-    ctx = g.next_op("reduce", dtype=dtype_name(arr.dtype), count=arr.size, root=g.ranks[root], redop=rop.name)
-    return launch(g, ctx, _reduce(ctx, arr, rop, root), timeout)
+    return resolve_group(group).reduce(tensor, dst, op, timeout)
 
 
-@routed(tensor_list=OUT, tensor=IN)
 def all_gather(tensor_list: Any, tensor: Any, group: Any = None, *, timeout: float | None = None) -> Work:
     """``tensor_list[i]`` = group rank i's ``tensor``, on every member.
 
@@ -259,14 +137,9 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None, *, timeout: flo
     disagree about which operations ran: then it is out of step until ``resync``. A lost member
     breaks every group holding it: destroy_process_group, then init again.
     """
-    g = _member(group, "all_gather")
-    inp = _tensors.as_array(tensor, arg="tensor", writable=False)
-    outs = _tensor_list(tensor_list, "tensor_list", writable=True, length=g.size, like=inp)
-    ctx = g.next_op("all_gather", dtype=dtype_name(inp.dtype), count=inp.size)
-    return launch(g, ctx, _allgather(ctx, outs, inp), timeout)
+    return resolve_group(group).all_gather(tensor_list, tensor, timeout)
 
 
-@routed(output_tensor=OUT, input_tensor=IN)
 def all_gather_into_tensor(
     output_tensor: Any, input_tensor: Any, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -291,23 +164,12 @@ def all_gather_into_tensor(
     disagree about which operations ran: then it is out of step until ``resync``. A lost member
     breaks every group holding it: destroy_process_group, then init again.
     """
-    g = _member(group, "all_gather_into_tensor")
-    inp = _tensors.as_array(input_tensor, arg="input_tensor", writable=False)
-    out = _tensors.as_array(output_tensor, arg="output_tensor", writable=True)
-    _same_dtype(out, inp, "output_tensor", "input_tensor")
-    if out.size != inp.size * g.size:
-        raise DistValueError(
-            f"output_tensor has {out.size} elements but must have group size x input_tensor's = "
-            f"{g.size} x {inp.size}"
-        )
-    ctx = g.next_op("all_gather_into_tensor", dtype=dtype_name(inp.dtype), count=inp.size)
-    return launch(g, ctx, _allgather(ctx, _split(out, g.size), inp), timeout)
+    return resolve_group(group).all_gather_into_tensor(output_tensor, input_tensor, timeout)
 
 
 all_gather_single = all_gather_into_tensor
 
 
-@routed(tensor=IN, gather_list=OUT)
 def gather(
     tensor: Any, gather_list: Any = None, dst: int = 0, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -335,21 +197,9 @@ def gather(
     disagree about which operations ran: then it is out of step until ``resync``. A lost member
     breaks every group holding it: destroy_process_group, then init again.
     """
-    g = _member(group, "gather")
-    root = _root(g, dst, "dst")
-    inp = _tensors.as_array(tensor, arg="tensor", writable=False)
-    outs = None
-    if g.rank == root:
-        if gather_list is None:
-            raise DistValueError("gather: gather_list is required on the destination rank")
-        outs = _tensor_list(gather_list, "gather_list", writable=True, length=g.size, like=inp)
-    elif gather_list:
-        raise DistValueError("gather: gather_list must not be given on ranks other than dst")
-    ctx = g.next_op("gather", dtype=dtype_name(inp.dtype), count=inp.size, root=g.ranks[root])
-    return launch(g, ctx, _gather(ctx, inp, outs, root), timeout)
+    return resolve_group(group).gather(tensor, gather_list, dst, timeout)
 
 
-@routed(tensor=OUT, scatter_list=IN)
 def scatter(
     tensor: Any, scatter_list: Any = None, src: int = 0, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -377,21 +227,9 @@ def scatter(
     disagree about which operations ran: then it is out of step until ``resync``. A lost member
     breaks every group holding it: destroy_process_group, then init again.
     """
-    g = _member(group, "scatter")
-    root = _root(g, src, "src")
-    out = _tensors.as_array(tensor, arg="tensor", writable=True)
-    ins = None
-    if g.rank == root:
-        if scatter_list is None:
-            raise DistValueError("scatter: scatter_list is required on the source rank")
-        ins = _tensor_list(scatter_list, "scatter_list", writable=False, length=g.size, like=out)
-    elif scatter_list:
-        raise DistValueError("scatter: scatter_list must not be given on ranks other than src")
-    ctx = g.next_op("scatter", dtype=dtype_name(out.dtype), count=out.size, root=g.ranks[root])
-    return launch(g, ctx, _scatter(ctx, out, ins, root), timeout)
+    return resolve_group(group).scatter(tensor, scatter_list, src, timeout)
 
 
-@routed(output=OUT, input_list=IN)
 def reduce_scatter(
     output: Any, input_list: Any, op: Any = ReduceOp.SUM, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -417,15 +255,9 @@ def reduce_scatter(
     disagree about which operations ran: then it is out of step until ``resync``. A lost member
     breaks every group holding it: destroy_process_group, then init again.
     """
-    g = _member(group, "reduce_scatter")
-    out = _tensors.as_array(output, arg="output", writable=True)
-    ins = _tensor_list(input_list, "input_list", writable=False, length=g.size, like=out)
-    rop = _reduce_op(op, out)
-    ctx = g.next_op("reduce_scatter", dtype=dtype_name(out.dtype), count=out.size, redop=rop.name)
-    return launch(g, ctx, _reduce_scatter(ctx, out, ins, rop), timeout)
+    return resolve_group(group).reduce_scatter(output, input_list, op, timeout)
 
 
-@routed(output=OUT, input=IN)
 def reduce_scatter_tensor(
     output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -451,23 +283,12 @@ def reduce_scatter_tensor(
     disagree about which operations ran: then it is out of step until ``resync``. A lost member
     breaks every group holding it: destroy_process_group, then init again.
     """
-    g = _member(group, "reduce_scatter_tensor")
-    out = _tensors.as_array(output, arg="output", writable=True)
-    inp = _tensors.as_array(input, arg="input", writable=False)
-    _same_dtype(out, inp, "output", "input")
-    if inp.size != out.size * g.size:
-        raise DistValueError(
-            f"input has {inp.size} elements but must have group size x output's = {g.size} x {out.size}"
-        )
-    rop = _reduce_op(op, out)
-    ctx = g.next_op("reduce_scatter_tensor", dtype=dtype_name(out.dtype), count=out.size, redop=rop.name)
-    return launch(g, ctx, _reduce_scatter(ctx, out, _split(inp, g.size), rop), timeout)
+    return resolve_group(group).reduce_scatter_tensor(output, input, op, timeout)
 
 
 reduce_scatter_single = reduce_scatter_tensor
 
 
-@routed(output_tensor_list=OUT, input_tensor_list=IN)
 def all_to_all(
     output_tensor_list: Any, input_tensor_list: Any, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -492,70 +313,9 @@ def all_to_all(
     disagree about which operations ran: then it is out of step until ``resync``. A lost member
     breaks every group holding it: destroy_process_group, then init again.
     """
-    g = _member(group, "all_to_all")
-    ins = _tensor_list(
-        input_tensor_list, "input_tensor_list", writable=False, length=g.size, like=None, same_size=False
-    )
-    outs = _tensor_list(
-        output_tensor_list,
-        "output_tensor_list",
-        writable=True,
-        length=g.size,
-        like=ins[0] if ins else None,
-        same_size=False,
-    )
-    if outs[g.rank].size != ins[g.rank].size:
-        raise DistValueError(
-            f"output_tensor_list[{g.rank}] has {outs[g.rank].size} elements but this rank's own block "
-            f"input_tensor_list[{g.rank}] has {ins[g.rank].size}"
-        )
-    ctx = g.next_op("all_to_all", dtype=dtype_name(ins[0].dtype), count=-1)
-    return launch(g, ctx, _alltoall(ctx, outs, ins), timeout)
+    return resolve_group(group).all_to_all(output_tensor_list, input_tensor_list, timeout)
 
 
-def _splits(sizes: Any, arg: str, n: int, rows: int, tensor_arg: str) -> list[int]:
-    if sizes is None or (isinstance(sizes, list | tuple) and len(sizes) == 0):
-        if rows % n:
-            raise DistValueError(
-                f"{tensor_arg} has {rows} rows, which cannot be split evenly among {n} ranks; pass {arg}"
-            )
-        return [rows // n] * n
-    if not isinstance(sizes, Sequence) or isinstance(sizes, str | bytes):
-        raise DistTypeError(f"{arg} must be a list of ints, got {type(sizes).__qualname__}")
-    out = []
-    for i, s in enumerate(sizes):
-        if isinstance(s, bool) or not hasattr(s, "__index__"):
-            raise DistTypeError(f"{arg}[{i}] must be an int, got {type(s).__qualname__}")
-        if int(s) < 0:
-            raise DistValueError(f"{arg}[{i}] is negative ({int(s)})")
-        out.append(int(s))
-    if len(out) != n:
-        raise DistValueError(f"{arg} must have one entry per group member ({n}), got {len(out)}")
-    if sum(out) != rows:
-        raise DistValueError(f"{arg} sums to {sum(out)} rows but {tensor_arg} has {rows} rows")
-    return out
-
-
-def _rows(obj: Any, arg: str) -> tuple[int, int]:
-    """(rows along dim 0, elements per row) of a tensor."""
-    _, numel, shape = _tensors.describe(obj, arg=arg)
-    if not shape:
-        return 1, numel
-    per_row = 1
-    for d in shape[1:]:
-        per_row *= d
-    return shape[0], per_row
-
-
-def _cut(arr: Array, splits: list[int], per_row: int) -> list[Array]:
-    blocks, start = [], 0
-    for s in splits:
-        blocks.append(arr[start : start + s * per_row])
-        start += s * per_row
-    return blocks
-
-
-@routed(output=OUT, input=IN)
 def all_to_all_single(
     output: Any,
     input: Any,
@@ -590,18 +350,6 @@ def all_to_all_single(
     disagree about which operations ran: then it is out of step until ``resync``. A lost member
     breaks every group holding it: destroy_process_group, then init again.
     """
-    g = _member(group, "all_to_all_single")
-    out = _tensors.as_array(output, arg="output", writable=True)
-    inp = _tensors.as_array(input, arg="input", writable=False)
-    _same_dtype(out, inp, "output", "input")
-    in_rows, in_row = _rows(input, "input")
-    out_rows, out_row = _rows(output, "output")
-    isz = _splits(input_split_sizes, "input_split_sizes", g.size, in_rows, "input")
-    osz = _splits(output_split_sizes, "output_split_sizes", g.size, out_rows, "output")
-    ins, outs = _cut(inp, isz, in_row), _cut(out, osz, out_row)
-    if outs[g.rank].size != ins[g.rank].size:
-        raise DistValueError(
-            f"this rank's own block is {ins[g.rank].size} elements in input but {outs[g.rank].size} in output"
-        )
-    ctx = g.next_op("all_to_all_single", dtype=dtype_name(inp.dtype), count=-1)
-    return launch(g, ctx, _alltoall(ctx, outs, ins), timeout)
+    return resolve_group(group).all_to_all_single(
+        output, input, output_split_sizes, input_split_sizes, timeout
+    )

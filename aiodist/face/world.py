@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiodist.backends import torch_engine as _engine
-from aiodist.backends.staged import CudaStager, Stager
+from aiodist.backends.base import Backend
+from aiodist.backends.native import NATIVE
+from aiodist.backends.staged import CudaStager, StagedBackend, Stager
 from aiodist.errors import DistError, DistTimeoutError, DistTypeError, DistValueError
 from aiodist.group import ProcessGroup
 from aiodist.rendezvous import (
@@ -70,7 +72,9 @@ class World:
     loop: asyncio.AbstractEventLoop
     groups: list[ProcessGroup] = field(default_factory=list)
     next_gid: int = 1
-    stager: Stager | None = None  # stages CUDA tensors on "tcp"; closed by destroy
+    # The backend of the groups on aiodist's transport: CUDA tensors staged through host
+    # memory by its stager (closed by destroy).
+    staged: StagedBackend = field(default_factory=lambda: StagedBackend(NATIVE, CudaStager()))
     engine: str | None = None  # "nccl" / "torch-gloo": the torch engine of every group
     job_store: Store | None = None  # this init's store namespace (engines rendezvous under it)
     host: str = "127.0.0.1"  # the address peers reach this rank at
@@ -167,14 +171,22 @@ async def init_process_group(
                 await rdv.store.aclose()
             raise
     label = engine or "tcp"
+    # (A CudaStager touches nothing of CUDA until a CUDA tensor is staged.)
+    staged = StagedBackend(NATIVE, CudaStager())
+    runs_on = _backend_for(engine, staged, job_store, 0, host, device)
     group = ProcessGroup(
-        transport, range(rdv.world_size), 0, timeout=seconds, backend=label, name="default group"
+        transport,
+        range(rdv.world_size),
+        0,
+        timeout=seconds,
+        backend=label,
+        name="default group",
+        runs_on=runs_on,
     )
-    w = World(group, transport, rdv.store, rdv.owns_store, label, loop, [group])
+    w = World(group, transport, rdv.store, rdv.owns_store, label, loop, [group], staged=staged)
     w.engine, w.job_store, w.host, w.device = engine, job_store, host, device
-    w.stager = CudaStager()  # touches nothing of CUDA until a CUDA tensor is staged
     try:
-        await _equip(w, group, engine)
+        await _connect(group)
     except BaseException:
         group.abort("init_process_group failed")
         await transport.aclose()
@@ -230,22 +242,19 @@ def _device(device_id: Any, engine: str | None) -> Any:
     return device
 
 
-async def _equip(w: World, group: ProcessGroup, engine: str | None) -> None:
-    """Give a new group the job's stager, or (a member's view) a torch ``engine`` of its own."""
+def _backend_for(
+    engine: str | None, staged: StagedBackend, job_store: Store, gid: int, host: str, device: Any
+) -> Backend:
+    """What a new group runs on: the job's staged native backend, or a torch engine of its own."""
     if engine is None:
-        group.stager = w.stager
-        return
-    if group.rank < 0:
-        return
-    assert w.job_store is not None
-    group.engine = await _engine.start_engine(
-        engine,
-        PrefixStore(f"engine/{group.gid}/", w.job_store),
-        group,
-        timeout=group.timeout,
-        host=w.host,
-        device=w.device,
-    )
+        return staged
+    return _engine.TorchBackend(engine, PrefixStore(f"engine/{gid}/", job_store), host=host, device=device)
+
+
+async def _connect(group: ProcessGroup) -> None:
+    """Connect a member's torch engine (every member of the group calls it at about one time)."""
+    if isinstance(group.runs_on, _engine.TorchBackend) and group.rank >= 0:
+        await group.runs_on.connect(group)
 
 
 def set_stager(stager: Stager | None) -> Stager | None:
@@ -256,10 +265,7 @@ def set_stager(stager: Stager | None) -> Stager | None:
     ``destroy_process_group``. Returns the old one (no longer closed by the job).
     """
     w = world()
-    old, w.stager = w.stager, stager
-    for g in w.groups:
-        if g.engine is None:
-            g.stager = stager
+    old, w.staged.stager = w.staged.stager, stager
     return old
 
 
@@ -302,8 +308,8 @@ async def destroy_process_group(group: ProcessGroup | None = None) -> None:
         return
     if group is not None and group is not w.default_group:
         group.abort("the process group was destroyed")
-        if group.engine is not None:
-            await group.engine.aclose()
+        if group.runs_on is not w.staged:
+            await group.runs_on.aclose()
         if group in w.groups:
             w.groups.remove(group)
         return
@@ -311,10 +317,9 @@ async def destroy_process_group(group: ProcessGroup | None = None) -> None:
     for g in w.groups:
         g.abort("the process group was destroyed")
     for g in w.groups:
-        if g.engine is not None:
-            await g.engine.aclose()
-    if w.stager is not None:
-        w.stager.close()  # frees the staging pool
+        if g.runs_on is not w.staged:
+            await g.runs_on.aclose()
+    await w.staged.aclose()  # frees the staging pool
     await w.transport.aclose()
     if w.owns_store:
         await w.store.aclose()
@@ -427,7 +432,9 @@ async def new_group(
         gid = w.next_gid
         w.next_gid += 1
     t = w.default_group.timeout if timeout is None else as_seconds(timeout)
-    group = ProcessGroup(w.transport, members, gid, timeout=t, backend=engine or "tcp")
-    await _equip(w, group, engine)
+    assert w.job_store is not None
+    runs_on = _backend_for(engine, w.staged, w.job_store, gid, w.host, w.device)
+    group = ProcessGroup(w.transport, members, gid, timeout=t, backend=engine or "tcp", runs_on=runs_on)
+    await _connect(group)
     w.groups.append(group)
     return group

@@ -16,7 +16,6 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-import aiodist
 from aiodist.collectives.context import OpContext
 from aiodist.errors import DistError, DistTimeoutError, name_ranks
 from aiodist.group import ProcessGroup
@@ -87,7 +86,7 @@ def all_reduce_future(tensor: Any, group: ProcessGroup, op: ReduceOp = ReduceOp.
 
     def start() -> None:
         try:
-            work = aiodist.all_reduce(tensor, op=op, group=group)
+            work = group.all_reduce(tensor, op)
         except BaseException as exc:
             fut.set_exception(exc)
             return
@@ -141,7 +140,7 @@ async def broadcast_coalesced(
                 flat = torch.empty(sum(t.numel() for t in members), dtype=members[0].dtype)
         if len(in_flight) >= MAX_BROADCASTS_IN_FLIGHT:
             await finish()
-        in_flight.append((aiodist.broadcast(flat, src, group=group), flat, members))
+        in_flight.append((group.broadcast(flat, src), flat, members))
     while in_flight:
         await finish()
 
@@ -157,10 +156,10 @@ async def exchange_bytes(group: ProcessGroup, payload: bytes, what: str) -> list
         DistTimeoutError: some members did not take part within the group's timeout; the
             message names them (global ranks).
     """
-    ctx = group.next_op("ddp_exchange")
     wait = group.timeout
     # The group's own deadline is a safety net behind ours, so that ours names the ranks.
-    return await group.collective(ctx, _exchange(ctx, payload, wait, what), timeout=wait + 5.0)  # type: ignore[no-any-return]
+    work = group.run_collective("ddp_exchange", lambda ctx: _exchange(ctx, payload, wait, what), wait + 5.0)
+    return await work  # type: ignore[no-any-return]
 
 
 async def _exchange(ctx: OpContext, payload: bytes, wait: float, what: str) -> list[bytes]:

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-import aiodist
 from aiodist.errors import DistError, DistTypeError, DistValueError
 from aiodist.face.world import resolve_group
 from aiodist.parallel.bucketing import DEFAULT_FIRST_BUCKET_BYTES, reverse_order_buckets
@@ -127,7 +126,7 @@ class GradBucketer:
             dst[...] = src
         self._pending[b] -= 1
         while self._next < len(self._buckets) and self._pending[self._next] == 0:
-            self._works.append(aiodist.all_reduce(self._flats[self._next], group=self._group))
+            self._works.append(self._group.all_reduce(self._flats[self._next]))
             self._next += 1
 
     async def wait(self) -> None:

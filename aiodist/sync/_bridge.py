@@ -15,7 +15,6 @@ import functools
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from aiodist._tensors import DeviceTensorError
 from aiodist.backends.staged import on_caller_stream
 from aiodist.errors import DistError
 from aiodist.face.world import resolve_group
@@ -66,20 +65,16 @@ def start_p2p(
     (a burst of 100 ``isend`` of 8 B cost a round trip to the loop thread each: 30-170 µs a
     message on 2 vCPUs), and given the numpy view the check made (converting a torch tensor
     costs 1.8 µs; a numpy array 0.3). Calls from one thread reach the loop in order, so
-    messages between a pair keep their order. CUDA tensors and torch engines take the blocking
-    start (``call``).
+    messages between a pair keep their order. Tensors the backend does not use directly (staged
+    CUDA tensors, torch engines) take the blocking start (``call``).
     """
     lt = get_loop_thread()
     g = resolve_group(group)
-    if g.engine is None and not lt.in_loop_thread():
-        try:
-            arr = g.check_p2p(what, tensor, peer, tag)
-        except DeviceTensorError:
-            pass  # staged through host memory: started on the loop as any other call
-        else:
-            work = Work(lt.loop.create_future(), f"{what} (starting)")
-            lt.loop.call_soon_threadsafe(_start_into, functools.partial(fn, arr), work)
-            return work
+    if g.runs_on.direct(tensor) and not lt.in_loop_thread():
+        arr = g.check_p2p(what, tensor, peer, tag)
+        work = Work(lt.loop.create_future(), f"{what} (starting)")
+        lt.loop.call_soon_threadsafe(_start_into, functools.partial(fn, arr), work)
+        return work
     return call(lambda: fn(tensor), True)  # type: ignore[no-any-return]
 
 

@@ -24,6 +24,7 @@ from aiodist._tensors import NotContiguousError
 from aiodist.errors import DistError, DistTypeError, DistValueError, UnsupportedReduceError
 from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp, as_reduce_op
+from aiodist.runtime.timeouts import as_seconds
 from aiodist.sync._bridge import call, on_loop, run, start_p2p
 from aiodist.sync._launch import profiling, run_op
 from aiodist.sync._preamble import ANY, NON_GROUP_MEMBER, not_in_group, resolved, torch_op
@@ -137,11 +138,7 @@ _backend_name: str | None = None
 
 
 def _seconds(timeout: datetime.timedelta | float | None) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, datetime.timedelta):
-        return timeout.total_seconds()
-    return float(timeout)
+    return None if timeout is None else as_seconds(timeout)
 
 
 # -- availability ---------------------------------------------------------------------------

@@ -19,7 +19,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiodist.backends.staged import CudaStager
+from aiodist.backends.native import NATIVE
+from aiodist.backends.staged import CudaStager, StagedBackend
 from aiodist.group import ProcessGroup
 from aiodist.rendezvous import local_address_towards
 from aiodist.runtime.loop_thread import LoopThread, get_loop_thread
@@ -170,8 +171,10 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
 
     def make_group() -> ProcessGroup:
         label = "default group" if is_default else f"group {name}"
-        g = ProcessGroup(mesh.transport, ranks, gid, timeout=seconds, backend=BACKEND_NAME, name=label)
-        g.stager = mesh.stager
+        staged = StagedBackend(NATIVE, mesh.stager)
+        g = ProcessGroup(
+            mesh.transport, ranks, gid, timeout=seconds, backend=BACKEND_NAME, name=label, runs_on=staged
+        )
         mesh.groups.append(g)
         return g
 

@@ -461,6 +461,13 @@ class Transport(ABC):
         self.goodbye: Goodbye | None = None
         # Per group id: the group's handler of control messages (state queries, resync).
         self._control_handlers: dict[int, ControlHandler] = {}
+        # Every global rank's host id, and whether it reaches every other rank of its host
+        # through shared memory: equal on every rank (the mesh agrees on them at rendezvous;
+        # None: unknown). Host-aware collectives choose their algorithms from them.
+        self.host_keys: tuple[str, ...] | None = None
+        self.shm_local: tuple[bool, ...] | None = None
+        # AIODIST_HOST_ALGOS as the job agreed on it ("auto", "flat", "direct").
+        self.host_algos = "auto"
 
     # -- the data path -----------------------------------------------------------------
     @abstractmethod
@@ -538,6 +545,19 @@ class Transport(ABC):
         exc = self._with_first_loss(exc)
         self.dead_peers[peer] = exc
         self.mailbox.fail_peer(peer, exc)
+
+    def finish_collective(self, key: Key) -> tuple[int, Fingerprint | None] | None:
+        """The collective ``key`` completed on this rank: its later data is late.
+
+        Returns:
+            None, or (sender, fingerprint) of a message still held for it, which no step of
+            the operation received: the ranks disagreed about it. The sender has then been
+            told, and every group using the key has been failed (``LateMessageError``).
+        """
+        late = self.mailbox.finish(key)
+        if late is not None:
+            self._late_message(late[0], key, late[1])
+        return late
 
     def _late_message(self, src: int, key: Key, fp: Fingerprint | None) -> None:
         """``src`` sent data for a collective that already completed here: the ranks disagree

@@ -12,6 +12,10 @@ The store protocol (all keys under the job's prefix)::
     job                   a random id set by rank 0; part of every peer handshake, so a
                           connection from another job (or an earlier init) is refused
     addr/<rank>           host:port where <rank> accepts peers
+    local/<rank>          the peers <rank> reaches through shared memory, set once it is connected
+    hosts                 every rank's host id (from the claimants' identities) and whether it reaches
+                          every other rank of its host through shared memory (JSON), set by rank 0
+                          from the keys above: the one host map all ranks use
 
 Which prefix an init uses in the store (``namespace``)::
 
@@ -39,9 +43,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from aiodist.errors import DistError, DistStoreError, DistTimeoutError, DistValueError, name_ranks
+from aiodist.runtime import host as _host
 from aiodist.runtime.progress import every
 from aiodist.store import Store
 from aiodist.store.base import StoreShutDownError
+from aiodist.transport.base import Transport
 from aiodist.transport.tcp import TcpTransport
 
 __all__ = ["Identity", "claim_rank", "connect_mesh", "namespace"]
@@ -51,6 +57,22 @@ log = logging.getLogger("aiodist")
 _POLL = 0.05
 # How long the second claimant of a rank waits for the first one's identity (set right after its claim).
 _CLAIMANT_WAIT = 2.0
+
+
+#: ``AIODIST_HOST_ALGOS``: which host-aware collectives may run (``aiodist.collectives.select``).
+HOST_ALGOS_MODES = ("auto", "flat", "direct")
+
+
+def host_algos() -> str:
+    """``AIODIST_HOST_ALGOS``: ``auto`` (default), ``flat`` or ``direct``, read when a job starts.
+
+    Raises:
+        DistValueError: any other value.
+    """
+    mode = os.environ.get("AIODIST_HOST_ALGOS", "").strip().lower() or "auto"
+    if mode not in HOST_ALGOS_MODES:
+        raise DistValueError(f"AIODIST_HOST_ALGOS={mode!r}: use one of {', '.join(HOST_ALGOS_MODES)}")
+    return mode
 
 
 def _env_int(name: str) -> int | None:
@@ -69,6 +91,7 @@ class Identity:
     node: int | None = None  # GROUP_RANK (the launcher's node rank)
     local_rank: int | None = None
     local_world_size: int | None = None  # the launcher's processes per node
+    host_id: str = ""  # equal for exactly the processes of one host (runtime.host.host_id)
 
     @classmethod
     def here(cls, rank: int, world_size: int) -> Identity:
@@ -80,6 +103,7 @@ class Identity:
             _env_int("GROUP_RANK"),
             _env_int("LOCAL_RANK"),
             _env_int("LOCAL_WORLD_SIZE"),
+            _host.host_id(),
         )
 
     def encode(self) -> str:
@@ -361,6 +385,10 @@ async def _connect_mesh(
     unconnected: set[int],
 ) -> TcpTransport:
     group_name, secret, host = how
+    try:
+        mode = host_algos()  # checked before connecting: a bad value fails every rank at once
+    except DistValueError as exc:
+        raise await _fail(store, f"rendezvous failed: rank {rank}: {exc}") from None
     if rank == 0:
         await store.set("job", secrets.token_hex(8))
     try:
@@ -395,6 +423,7 @@ async def _connect_mesh(
                 host,
                 port,
             )
+            await _agree_hosts(store, transport, deadline, seen, mode)
         except DistTimeoutError:
             raise _missing_error(seen, world_size, deadline) from None
         except DistStoreError as exc:
@@ -415,6 +444,55 @@ async def _connect_mesh(
     except BaseException:
         transport.abort()
         raise
+
+
+async def _agree_hosts(
+    store: Store, transport: Transport, deadline: _Deadline, seen: _Seen, mode: str
+) -> None:
+    """Set ``transport.host_keys``, ``shm_local`` and ``host_algos``, the same on every rank
+    (host-aware collectives choose their algorithms from them, so all ranks must see the same).
+
+    Each rank publishes which peers it reaches through shared memory once its connections are up;
+    with its ``mode`` (``AIODIST_HOST_ALGOS``); rank 0 reads every identity and those reports and
+    publishes the map; the others read that one key: O(world size) store requests in all,
+    whatever the world size. Ranks whose ``mode`` differs fail the rendezvous, every rank.
+    """
+    rank, world_size = transport.rank, transport.world_size
+    await store.set(f"local/{rank}", json.dumps({"peers": sorted(transport.local_peers()), "mode": mode}))
+    if rank == 0:
+        locals_ = [f"local/{r}" for r in range(world_size)]
+        await _wait(store, locals_, deadline, "not every rank reported its connections", seen)
+        idents = await store.multi_get([f"claimant/{r}/1" for r in range(world_size)])
+        reports = [json.loads(raw) for raw in await store.multi_get(locals_)]
+        others = {r: rep.get("mode") for r, rep in enumerate(reports) if rep.get("mode") != mode}
+        if others:
+            said = ", ".join(f"rank {r} has {m}" for r, m in list(others.items())[:8])
+            raise await _fail(
+                store,
+                f"rendezvous failed: AIODIST_HOST_ALGOS differs between ranks: rank 0 has {mode}, "
+                f"{said} (set it alike on every rank)",
+            )
+        local = [set(rep.get("peers", ())) for rep in reports]
+        keys = []
+        for r, raw in enumerate(idents):
+            ident = Identity.decode(raw)
+            # A rank of an older version says no host id: it counts as a host of its own.
+            keys.append(ident.host_id if ident is not None and ident.host_id else f"rank:{r}")
+        shm = [
+            all(p in local[r] for p in range(world_size) if p != r and keys[p] == keys[r])
+            and any(keys[p] == keys[r] for p in range(world_size) if p != r)
+            for r in range(world_size)
+        ]
+        await store.set("hosts", json.dumps({"keys": keys, "shm": shm}))
+    else:
+        await _wait(store, ["hosts"], deadline, "rank 0 did not publish the host map", seen)
+    agreed = json.loads(await store.get("hosts"))
+    keys, shm = agreed.get("keys"), agreed.get("shm")
+    if not isinstance(keys, list) or not isinstance(shm, list) or len(keys) != world_size:
+        raise DistValueError("rendezvous failed: rank 0 published a host map of another job")
+    transport.host_keys = tuple(str(k) for k in keys)
+    transport.shm_local = tuple(bool(x) for x in shm)
+    transport.host_algos = mode
 
 
 async def _connect_lower(

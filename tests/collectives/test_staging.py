@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.worlds import staged_world
 
 import aiodist as dist
 from aiodist import _tensors
@@ -21,7 +22,6 @@ from aiodist.backends.staged import HostStager
 from aiodist.face import world as _world
 from aiodist.group import ProcessGroup
 from aiodist.store import HashStore
-from aiodist.testing import memory_world
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -35,8 +35,7 @@ needs_torch = pytest.mark.skipif(torch is None, reason="torch not installed")
 async def test_staging_keeps_the_call_order_when_only_some_ranks_stage() -> None:
     # Rank 0 stages, rank 1 does not: the staged call still takes its sequence number at the
     # call, so back-to-back collectives match across ranks.
-    fabric, groups = memory_world(2)
-    groups[0].stager = HostStager()
+    fabric, groups = staged_world([HostStager(), None])
     try:
 
         async def run(g: ProcessGroup) -> list[list[float]]:
@@ -52,9 +51,8 @@ async def test_staging_keeps_the_call_order_when_only_some_ranks_stage() -> None
 
 
 async def test_a_failed_staged_operation_drops_its_buffers_and_leaves_the_tensor() -> None:
-    fabric, groups = memory_world(2)
     stager = HostStager()
-    groups[0].stager = stager
+    fabric, groups = staged_world([stager, None])
     try:
         t = np.full(4, 5.0)
         with pytest.raises(dist.DistTimeoutError):
@@ -75,15 +73,13 @@ async def test_a_failed_staged_operation_drops_its_buffers_and_leaves_the_tensor
 
 
 @needs_torch
-async def test_device_tensors_are_staged_through_the_exception_path(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_device_tensors_are_staged_by_the_staged_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     # "Device" tensors are CPU tensors marked here; the tensor layer refuses them as it refuses
-    # CUDA tensors (DeviceTensorError), and the operation is re-run staged, as on a GPU.
+    # CUDA tensors (DeviceTensorError), so only their twins can reach it, as on a GPU.
     marked: set[int] = set()
     monkeypatch.setattr(_tensors, "_is_cuda", lambda obj: id(obj) in marked)
 
     class DeviceStager(HostStager):
-        stages_host_tensors = False  # like CudaStager: only what the tensor layer refuses
-
         def wants(self, obj: object) -> bool:
             return id(obj) in marked
 
@@ -94,10 +90,8 @@ async def test_device_tensors_are_staged_through_the_exception_path(monkeypatch:
             finally:
                 marked.add(id(obj))
 
-    fabric, groups = memory_world(2)
-    stagers = [DeviceStager() for _ in groups]
-    for g, s in zip(groups, stagers, strict=True):
-        g.stager = s
+    stagers = [DeviceStager() for _ in range(2)]
+    fabric, groups = staged_world(stagers)
     try:
 
         async def run(g: ProcessGroup) -> list[Any]:
@@ -121,9 +115,9 @@ async def test_device_tensors_are_staged_through_the_exception_path(monkeypatch:
         # Without a stager (a group not made by init_process_group), a clear error.
         dev = torch.zeros(2)
         marked.add(id(dev))
-        groups[1].stager = None
+        bare = ProcessGroup(fabric.transports[1], range(2), 1, timeout=30)  # on the native backend
         with pytest.raises(dist.DistValueError, match=r"is a CUDA tensor .*staging"):
-            dist.all_reduce(dev, group=groups[1])
+            dist.all_reduce(dev, group=bare)
     finally:
         for tr in fabric.transports:
             tr.abort()
@@ -136,14 +130,14 @@ async def test_device_tensors_are_staged_through_the_exception_path(monkeypatch:
 async def test_pool_released_on_destroy() -> None:
     await dist.init_process_group("tcp", store=HashStore(), rank=0, world_size=1)
     try:
-        default = _world.world().stager
+        default = _world.world().staged.stager
         assert (
             isinstance(default, _staging.CudaStager) and default.pool.cached_bytes == 0
         )  # nothing allocated
         stager = HostStager()
         assert _world.set_stager(stager) is default
         sub = await dist.new_group([0])
-        assert sub.stager is stager
+        assert sub.runs_on is _world.world().staged and _world.world().staged.stager is stager
         t = np.arange(10.0)
         await dist.all_reduce(t)
         await dist.broadcast(t, 0, group=sub)

@@ -424,8 +424,9 @@ async def _all_reduce_like(g: ProcessGroup, x: np.ndarray, timeout: float | None
     from aiodist.collectives.allreduce import allreduce
     from aiodist.ops import ReduceOp
 
-    ctx = g.next_op("all_reduce", dtype=str(x.dtype), count=x.size, redop="SUM")
-    return await g.collective(ctx, allreduce(ctx, x, ReduceOp.SUM), timeout)
+    return await g.run_collective(
+        "all_reduce", lambda ctx: allreduce(ctx, x, ReduceOp.SUM), timeout, dtype=str(x.dtype), count=x.size
+    )
 
 
 async def test_timed_out_collective_then_a_correct_one() -> None:

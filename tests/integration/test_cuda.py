@@ -76,7 +76,7 @@ async def test_device_rules_on_tcp() -> None:
             work = dist.all_reduce(x)
         await work
         assert x.cpu().tolist() == [5.0] * 10
-        stager = _world.world().stager
+        stager = _world.world().staged.stager
         assert isinstance(stager, _staging.CudaStager)
     finally:
         await dist.destroy_process_group()

@@ -425,19 +425,19 @@ def test_faults_26_extra_parameter_unused_parameter_late_rank() -> None:
 async def test_broadcast_coalesced_buckets_by_dtype_two_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
     from aiodist.parallel import _comm
 
-    real = aiodist.broadcast
+    real = ProcessGroup.broadcast
     started: dict[int, list[Any]] = {}
     peak: dict[int, int] = {}
 
-    def counting(tensor: Any, src: int, group: Any = None) -> Any:
+    def counting(group: ProcessGroup, tensor: Any, src: int, timeout: float | None = None) -> Any:
         # In flight = started on this rank and not completed when the next one starts.
         works = started.setdefault(group.rank, [])
-        work = real(tensor, src, group=group)
+        work = real(group, tensor, src, timeout)
         works.append(work)
         peak[group.rank] = max(peak.get(group.rank, 0), sum(not w.is_completed() for w in works))
         return work
 
-    monkeypatch.setattr(aiodist, "broadcast", counting)
+    monkeypatch.setattr(ProcessGroup, "broadcast", counting)  # DDP starts operations on the group
 
     def tensors(rank: int) -> list[Any]:
         g = torch.Generator().manual_seed(rank)

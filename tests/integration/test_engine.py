@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 tdist = pytest.importorskip("torch.distributed")
 
 from support.suite import async_suite, check_async_suite, check_sync_suite, sync_suite  # noqa: E402
+from support.worlds import backend_world  # noqa: E402
 
 import aiodist as dist  # noqa: E402
 from aiodist.backends import torch_engine as _engine  # noqa: E402
@@ -48,17 +49,13 @@ def test_sync_face_over_torch_gloo_2_ranks() -> None:
 
 
 async def _engines(n: int, timeout: float = 30.0) -> tuple[Any, list[_engine.TorchEngine]]:
-    fabric, groups = memory_world(n, timeout)
     store = HashStore()
-    engines = await asyncio.gather(
-        *(
-            _engine.start_engine("torch-gloo", PrefixStore("e/", store), g, timeout=timeout, host="127.0.0.1")
-            for g in groups
-        )
-    )
-    for g, e in zip(groups, engines, strict=True):
-        g.engine = e
-    return fabric, list(engines)
+    backends = [
+        _engine.TorchBackend("torch-gloo", PrefixStore("e/", store), host="127.0.0.1") for _ in range(n)
+    ]
+    fabric, groups = backend_world(backends, timeout)
+    await asyncio.gather(*(b.connect(g) for b, g in zip(backends, groups, strict=True)))
+    return fabric, [b.engine for b in backends if b.engine is not None]
 
 
 async def _close(fabric: Any, engines: list[_engine.TorchEngine]) -> None:
@@ -184,10 +181,10 @@ async def test_one_rank_torch_gloo_world_and_mixed_groups() -> None:
         assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
         # A group on aiodist's own transport inside an engine job, and the reverse.
         plain = await dist.new_group([0], backend="gloo")
-        assert plain.engine is None and dist.get_backend(plain) == "tcp"
+        assert plain.runs_on.own_ops is None and dist.get_backend(plain) == "tcp"
         await dist.all_reduce(t, group=plain)
         engine_group = await dist.new_group(backend="torch-gloo")
-        assert engine_group.engine is not None
+        assert isinstance(engine_group.runs_on.own_ops, _engine.TorchEngine)
         await dist.barrier(group=engine_group)
     finally:
         await dist.destroy_process_group()

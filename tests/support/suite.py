@@ -377,12 +377,10 @@ async def memory_suite(n: int, kind: str, stage: bool) -> list[dict[str, Any]]:
     each rank stages every tensor through ``HostStager`` (whose twins are poisoned, so right
     results mean every input was copied in before use and every output copied back)."""
     from aiodist.backends.staged import HostStager
-    from aiodist.testing import memory_world
+    from support.worlds import staged_world
 
-    fabric, groups = memory_world(n)
-    stagers = [HostStager() for _ in groups] if stage else []
-    for g, stager in zip(groups, stagers, strict=False):  # (none unless staged)
-        g.stager = stager
+    stagers = [HostStager() for _ in range(n)] if stage else []
+    fabric, groups = staged_world(stagers or [None] * n)
     try:
         res = await asyncio.wait_for(
             asyncio.gather(*(every_operation(g.rank, n, maker(kind), True, g) for g in groups)), 60

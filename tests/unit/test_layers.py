@@ -22,8 +22,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("aiodist._tensors", "aiodist.work", "aiodist.store"),
     ("aiodist.transport",),
     ("aiodist.collectives",),
-    ("aiodist.group", "aiodist._recovery"),
-    ("aiodist.backends", "aiodist.rendezvous"),
+    # The group and what it runs its operations on (it holds a Backend; backends start the
+    # group's numbered operations): one layer.
+    ("aiodist.group", "aiodist.arguments", "aiodist._recovery", "aiodist.backends"),
+    ("aiodist.rendezvous",),
     ("aiodist.face", "aiodist"),  # "aiodist": the package itself, the async face's names
     ("aiodist.testing",),
     ("aiodist.sync",),

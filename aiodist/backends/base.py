@@ -1,0 +1,181 @@
+"""The seam between a process group and what runs its tensor operations: ``Backend``.
+
+A ``ProcessGroup`` is given its backend when it is created and holds it for life. Every tensor
+operation then starts one way (``ProcessGroup``): the group checks the arguments, numbers the
+operation, applies DETAIL mode and starts it on its backend. The backend is asked twice:
+
+1. ``bind(group, what)`` -> a ``Binding``: the one operation's view of its tensors while the
+   group checks them. ``Binding.tensor`` turns each tensor argument into the flat host array
+   the checks (and the algorithms) see: the tensor's own memory (native), or a host twin of a
+   device tensor (staged). Whatever a binding took is given back by ``drop`` if the call is
+   refused, or by the Work its ``start`` / ``complete`` returns.
+2. ``Binding.start(ctx, op, timeout, gate)``: run the checked, numbered collective ``op``
+   (``Op``: data, no behaviour) and return its Work; ``gate`` is awaited before the operation
+   reads its inputs. Point-to-point operations are queued by the group on the transport;
+   ``ready_now`` (before a send is queued) and ``complete`` (after) are the binding's part.
+
+Which algorithm runs a collective is the native backend's choice, in one place
+(``aiodist.backends.native.algorithm``): a host-aware or hierarchical selection (shared memory
+among the ranks of one host, leaders across hosts) replaces that function, nothing else.
+
+Backends: ``NativeBackend`` (aiodist's algorithms over the group's transport), ``StagedBackend``
+(wraps another: device tensors through pinned host buffers) and the torch engine
+(``aiodist.backends.torch_engine``: torch's ProcessGroupNCCL/Gloo), which runs whole operations
+itself (``own_ops``) with its own checks.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
+
+from aiodist.ops import ReduceOp
+from aiodist.work import Work
+
+if TYPE_CHECKING:
+    from aiodist.collectives.context import OpContext
+    from aiodist.group import ProcessGroup
+
+__all__ = ["IN", "INOUT", "OUT", "Backend", "Binding", "Gate", "Op", "OpKind", "Role", "TensorOps"]
+
+Array = Any  # a flat numpy view (see aiodist._tensors.as_array)
+
+
+class Role(enum.Enum):
+    """How an operation uses a tensor argument: read, written, or both."""
+
+    IN = "in"
+    OUT = "out"
+    INOUT = "inout"
+
+
+IN, OUT, INOUT = Role.IN, Role.OUT, Role.INOUT
+
+OpKind = Literal[
+    "barrier",
+    "broadcast",
+    "all_reduce",
+    "reduce",
+    "all_gather",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "all_to_all",
+]
+
+#: Awaited before an operation reads its inputs (staged: until they are in host memory).
+Gate = Callable[[], Awaitable[None]]
+
+
+class Op(NamedTuple):
+    """A checked collective, as the group hands it to its backend (immutable data).
+
+    Attributes:
+        kind: which collective (``all_gather_into_tensor`` is an ``all_gather`` of the output's
+            blocks, ``reduce_scatter_tensor`` a ``reduce_scatter`` of the input's, the
+            ``all_to_all`` forms one ``all_to_all`` of blocks).
+        outputs: the arrays written (``gather``: empty off the root).
+        inputs: the arrays read (``scatter``: empty off the root). An in-place operation
+            (``broadcast``, ``all_reduce``, ``reduce``) has its one array in ``outputs``.
+        root: the root's group rank, or -1.
+        reduce_op: the reduction, for reductions.
+    """
+
+    kind: OpKind
+    outputs: tuple[Array, ...] = ()
+    inputs: tuple[Array, ...] = ()
+    root: int = -1
+    reduce_op: ReduceOp | None = None
+
+
+class Binding(Protocol):
+    """One operation's tensors on a backend, from the group's checks to its start."""
+
+    def tensor(self, obj: Any, *, arg: str, role: Role, writable: bool) -> Array:
+        """The flat host array the checks and the algorithm see for the argument ``obj``.
+
+        Raises:
+            DistTypeError / DistValueError: ``obj`` is not a tensor this backend takes
+                (``DeviceTensorError``: a device tensor, where nothing stages it).
+        """
+        ...
+
+    def ready_now(self) -> None:
+        """Block until the inputs are readable in host memory (before a send is queued)."""
+        ...
+
+    def start(self, ctx: OpContext, op: Op, timeout: float | None, gate: Gate | None = None) -> Work:
+        """Run the numbered collective ``op`` (``ctx``: its key and fingerprint); its Work.
+
+        ``gate`` (a wrapping backend's) is awaited before the operation reads its inputs.
+        """
+        ...
+
+    def complete(self, work: Work) -> Work:
+        """The Work of a point-to-point operation the group queued: ``work``, once outputs are in place."""
+        ...
+
+    def drop(self) -> None:
+        """The operation was refused before it started: give back what ``tensor`` took."""
+        ...
+
+
+class TensorOps(Protocol):
+    """A backend that runs whole tensor operations itself (torch's engines), with the async
+    face's signatures; ranks are global ranks."""
+
+    def broadcast(self, tensor: Any, src: int, *, timeout: float | None = None) -> Work: ...
+    def all_reduce(self, tensor: Any, op: Any, *, timeout: float | None = None) -> Work: ...
+    def reduce(self, tensor: Any, dst: int, op: Any, *, timeout: float | None = None) -> Work: ...
+    def all_gather(self, tensor_list: Any, tensor: Any, *, timeout: float | None = None) -> Work: ...
+    def all_gather_into_tensor(
+        self, output_tensor: Any, input_tensor: Any, *, timeout: float | None = None
+    ) -> Work: ...
+    def gather(self, tensor: Any, gather_list: Any, dst: int, *, timeout: float | None = None) -> Work: ...
+    def scatter(self, tensor: Any, scatter_list: Any, src: int, *, timeout: float | None = None) -> Work: ...
+    def reduce_scatter(
+        self, output: Any, input_list: Any, op: Any, *, timeout: float | None = None
+    ) -> Work: ...
+    def reduce_scatter_tensor(
+        self, output: Any, input: Any, op: Any, *, timeout: float | None = None
+    ) -> Work: ...
+    def all_to_all(
+        self, output_tensor_list: Any, input_tensor_list: Any, *, timeout: float | None = None
+    ) -> Work: ...
+    def all_to_all_single(
+        self,
+        output: Any,
+        input: Any,
+        output_split_sizes: Any,
+        input_split_sizes: Any,
+        *,
+        timeout: float | None = None,
+    ) -> Work: ...
+    def barrier(self, *, timeout: float | None = None) -> Work: ...
+    def send(self, tensor: Any, dst: int, *, tag: int = 0, timeout: float | None = None) -> Work: ...
+    def recv(self, tensor: Any, src: int | None, *, tag: int = 0, timeout: float | None = None) -> Work: ...
+    def batch_isend_irecv(self, p2p_op_list: Sequence[Any]) -> list[Work]: ...
+
+
+class Backend(Protocol):
+    """What a group runs its tensor operations on; given to ``ProcessGroup`` at creation."""
+
+    @property
+    def own_ops(self) -> TensorOps | None:
+        """What runs whole operations itself (torch's engines), or None: the group checks,
+        numbers and starts every operation through ``bind``."""
+        ...
+
+    def bind(self, group: ProcessGroup, what: str) -> Binding:
+        """A binding for one operation ``what`` of ``group`` (see the module doc)."""
+        ...
+
+    def direct(self, obj: Any) -> bool:
+        """True if ``obj``'s own memory is what an operation uses (no twin): its host view may
+        be taken and checked on any thread (the blocking face's non-blocking sends)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the backend holds (``destroy_process_group``)."""
+        ...

@@ -1,0 +1,110 @@
+"""``NativeBackend``: aiodist's own algorithms over the group's transport.
+
+A tensor's own memory is what the algorithms read and write (``aiodist._tensors.as_array``:
+a flat numpy view of a numpy array or CPU torch tensor; a device tensor is refused with
+``DeviceTensorError`` unless a ``StagedBackend`` wraps this one). ``algorithm`` is the one
+place that picks the algorithm of a collective: a host-aware or hierarchical selection
+(shared memory on one host, leaders across hosts) plugs in there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from aiodist import _tensors
+from aiodist.backends.base import Array, Binding, Gate, Op, Role, TensorOps
+from aiodist.collectives.allgather import allgather
+from aiodist.collectives.allreduce import allreduce
+from aiodist.collectives.alltoall import alltoall
+from aiodist.collectives.barrier import barrier
+from aiodist.collectives.broadcast import broadcast
+from aiodist.collectives.context import OpContext
+from aiodist.collectives.gather import gather, scatter
+from aiodist.collectives.reduce import reduce
+from aiodist.collectives.reduce_scatter import reduce_scatter
+from aiodist.ops import ReduceOp
+from aiodist.work import Work
+
+if TYPE_CHECKING:
+    from aiodist.group import ProcessGroup
+
+__all__ = ["NATIVE", "NativeBackend", "algorithm"]
+
+
+def algorithm(ctx: OpContext, op: Op) -> Coroutine[Any, Any, None]:
+    """The algorithm that runs ``op`` on this rank (each picks its variant by size: ``select``)."""
+    out, inp, rop = op.outputs, op.inputs, op.reduce_op or ReduceOp.SUM
+    match op.kind:
+        case "barrier":
+            return barrier(ctx)
+        case "broadcast":
+            return broadcast(ctx, out[0], op.root)
+        case "all_reduce":
+            return allreduce(ctx, out[0], rop)
+        case "reduce":
+            return reduce(ctx, out[0], rop, op.root)
+        case "all_gather":
+            return allgather(ctx, list(out), inp[0])
+        case "gather":
+            return gather(ctx, inp[0], list(out) if out else None, op.root)
+        case "scatter":
+            return scatter(ctx, out[0], list(inp) if inp else None, op.root)
+        case "reduce_scatter":
+            return reduce_scatter(ctx, out[0], list(inp), rop)
+        case "all_to_all":
+            return alltoall(ctx, list(out), list(inp))
+
+
+async def _gated(gate: Gate, coro: Coroutine[Any, Any, None]) -> None:
+    try:
+        await gate()
+    except BaseException:
+        coro.close()
+        raise
+    await coro
+
+
+class _NativeBinding:
+    __slots__ = ("group",)
+
+    def __init__(self, group: ProcessGroup) -> None:
+        self.group = group
+
+    def tensor(self, obj: Any, *, arg: str, role: Role, writable: bool) -> Array:
+        return _tensors.as_array(obj, arg=arg, writable=writable)
+
+    def ready_now(self) -> None:
+        pass
+
+    def start(self, ctx: OpContext, op: Op, timeout: float | None, gate: Gate | None = None) -> Work:
+        coro = algorithm(ctx, op)
+        return self.group.track_collective(ctx, coro if gate is None else _gated(gate, coro), timeout)
+
+    def complete(self, work: Work) -> Work:
+        return work
+
+    def drop(self) -> None:
+        pass
+
+
+class NativeBackend:
+    """aiodist's algorithms over the group's transport (backend names "tcp" and "gloo")."""
+
+    own_ops: TensorOps | None = None
+
+    def __repr__(self) -> str:
+        return "<NativeBackend>"
+
+    def bind(self, group: ProcessGroup, what: str) -> Binding:
+        return _NativeBinding(group)
+
+    def direct(self, obj: Any) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        pass
+
+
+#: The native backend holds no state: every group may share this one.
+NATIVE = NativeBackend()

@@ -1,0 +1,227 @@
+"""Hierarchical collectives for a group spread over hosts, with several ranks on some host.
+
+As NCCL and Horovod do: each host's ranks work among themselves (over shared memory when the
+transport has it, where the one-host direct algorithms run), and only one rank per host, its
+leader (its lowest group rank), talks to the other hosts. Each phase is the flat (or direct)
+algorithm run on a sub-group of the operation (``OpContext.sub``): the phases share the
+operation's key, and a pair of ranks that meets in two phases sends and posts the first
+phase's messages before the second's, so they never mix.
+
+- all_reduce: reduce to the leader on each host, all_reduce among the leaders, broadcast on
+  each host. The network carries the buffer once per host instead of once per rank. AVG
+  sums in every phase and divides by the group size once, on the leaders.
+- broadcast: the root stands for its host: root -> the other hosts' leaders -> their ranks,
+  and on the root's host root -> its ranks.
+- reduce: the mirror: reduce to each host's head (the root on its host, the leader elsewhere),
+  then among the heads to the root. A head that is not the root reduces into a copy: only the
+  root's buffer is written.
+- all_gather: gather to the leader on each host, all_gather of whole hosts among the leaders,
+  broadcast of the whole result on each host. Through one staging buffer laid out host by
+  host, or straight in the output when it is one buffer whose hosts are contiguous ranks.
+- barrier: each host's ranks check in with their leader, the leaders run a barrier, the
+  leaders release their ranks.
+
+Large buffers take the pipelined flat algorithms instead, on the group's ranks put in host
+order (each host's ranks together, the root's host first with the root at its head): the ring
+of all_reduce and all_gather and the chains of broadcast and reduce then cross from one host
+to the next only once per host, as NCCL's rings do, while every segment still streams through
+every rank at once (the phases above would run one after the other over the whole buffer).
+Where the group's ranks already come host by host this is the flat algorithm itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from aiodist.collectives import allgather as _allgather
+from aiodist.collectives import allreduce as _allreduce
+from aiodist.collectives import barrier as _barrier
+from aiodist.collectives import broadcast as _broadcast
+from aiodist.collectives import gather as _gather
+from aiodist.collectives import reduce as _reduce
+from aiodist.collectives._common import Array, copy_into, finalize, wait_all
+from aiodist.collectives.context import OpContext
+from aiodist.collectives.topology import HostMap
+from aiodist.ops import ReduceOp
+
+__all__ = [
+    "host_ordered_allgather",
+    "host_ordered_allreduce",
+    "host_ordered_broadcast",
+    "host_ordered_reduce",
+    "hierarchical_allgather",
+    "hierarchical_allreduce",
+    "hierarchical_barrier",
+    "hierarchical_broadcast",
+    "hierarchical_reduce",
+]
+
+_EMPTY = memoryview(b"")
+
+
+def _hosts(ctx: OpContext) -> HostMap:
+    hosts = ctx.hosts
+    if hosts is None:  # the dispatchers only come here with a host map
+        raise AssertionError("hierarchical collective without a host map")
+    return hosts
+
+
+def _phase_op(op: ReduceOp) -> ReduceOp:
+    """The reduction of every phase: AVG sums, and divides once at the end."""
+    return ReduceOp.SUM if op is ReduceOp.AVG else op
+
+
+def _heads(hosts: HostMap, root: int) -> list[int]:
+    """One rank per host in host order: the root on its host, the leader elsewhere."""
+    heads = list(hosts.leaders)
+    heads[hosts.host_of[root]] = root
+    return heads
+
+
+async def hierarchical_allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
+    hosts = _hosts(ctx)
+    local = hosts.members[hosts.host_of[ctx.rank]]
+    step = _phase_op(op)
+    if len(local) > 1:
+        await _reduce.reduce(ctx.sub(local), arr, step, 0)
+    if ctx.rank == local[0]:
+        await _allreduce.allreduce(ctx.sub(hosts.leaders), arr, step)
+        await finalize(op, arr, ctx.size)
+    if len(local) > 1:
+        await _broadcast.broadcast(ctx.sub(local), arr, 0)
+
+
+async def hierarchical_broadcast(ctx: OpContext, arr: Array, root: int) -> None:
+    hosts = _hosts(ctx)
+    heads = _heads(hosts, root)
+    h = hosts.host_of[ctx.rank]
+    local = hosts.members[h]
+    if ctx.rank == heads[h]:
+        await _broadcast.broadcast(ctx.sub(heads), arr, hosts.host_of[root])
+    if len(local) > 1:
+        await _broadcast.broadcast(ctx.sub(local), arr, local.index(heads[h]))
+
+
+async def hierarchical_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> None:
+    hosts = _hosts(ctx)
+    heads = _heads(hosts, root)
+    h = hosts.host_of[ctx.rank]
+    local = hosts.members[h]
+    head = ctx.rank == heads[h]
+    step = _phase_op(op)
+    # A head that is not the root folds its host into a copy: only the root's buffer is written.
+    acc = arr.copy() if head and ctx.rank != root and len(local) > 1 else arr
+    if len(local) > 1:
+        await _reduce.reduce(ctx.sub(local), acc, step, local.index(heads[h]))
+    if head:
+        await _reduce.reduce(ctx.sub(heads), acc, step, hosts.host_of[root])
+    if ctx.rank == root:
+        await finalize(op, arr, ctx.size)
+
+
+async def hierarchical_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
+    hosts = _hosts(ctx)
+    r = ctx.rank
+    h = hosts.host_of[r]
+    local = hosts.members[h]
+    leader = r == local[0]
+    sizes = [b.size for b in blocks]
+    offsets: dict[int, int] = {}
+    starts = [0]
+    for members in hosts.members:
+        for g in members:
+            offsets[g] = starts[-1] + sum(sizes[m] for m in members if m < g)
+        starts.append(starts[-1] + sum(sizes[m] for m in members))
+    staging = _as_one_buffer(blocks) if hosts.contiguous() else None
+    in_place = staging is not None
+    if staging is None:
+        staging = np.empty(starts[-1], dtype=inp.dtype)
+
+    def view(g: int) -> Array:
+        return staging[offsets[g] : offsets[g] + sizes[g]]
+
+    if len(local) > 1:
+        uniform = all(sizes[g] == sizes[local[0]] for g in local)
+        outs = [view(g) for g in local] if leader else None
+        await _gather.gather(ctx.sub(local), inp, outs, 0, uniform=uniform)
+    else:
+        copy_into(view(r), inp)
+    if leader and hosts.n_hosts > 1:
+        bundles = [staging[starts[k] : starts[k + 1]] for k in range(hosts.n_hosts)]
+        await _allgather.allgather(ctx.sub(hosts.leaders), bundles, bundles[h])
+    if len(local) > 1:
+        await _broadcast.broadcast(ctx.sub(local), staging, 0)
+    if not in_place:
+        for g, b in enumerate(blocks):
+            copy_into(b, view(g))
+    else:
+        copy_into(blocks[r], inp)  # (in place already unless the input is a buffer of its own)
+
+
+def _as_one_buffer(blocks: Sequence[Array]) -> Array | None:
+    """The output blocks as one array when they lie back to back in memory (an all_gather into
+    one tensor), else None. Every byte of the view belongs to one of the blocks."""
+    if not blocks or any(b.size == 0 or not b.flags.writeable for b in blocks):
+        return None
+    first = blocks[0]
+    at = first.__array_interface__["data"][0]
+    for b in blocks:
+        if (
+            b.dtype != first.dtype
+            or b.ndim != 1
+            or not b.flags.c_contiguous
+            or b.__array_interface__["data"][0] != at
+        ):
+            return None
+        at += b.nbytes
+    total = sum(b.size for b in blocks)
+    return as_strided(first, shape=(total,), strides=(first.itemsize,), writeable=True)
+
+
+async def hierarchical_barrier(ctx: OpContext) -> None:
+    hosts = _hosts(ctx)
+    local = hosts.members[hosts.host_of[ctx.rank]]
+    leader = local[0]
+    if ctx.rank != leader:
+        await ctx.send(leader, _EMPTY)
+        await ctx.recv(leader, memoryview(bytearray(0)))
+        return
+    await wait_all([ctx.recv(g, memoryview(bytearray(0))) for g in local[1:]])
+    await _barrier.barrier(ctx.sub(hosts.leaders))
+    await wait_all([ctx.send(g, _EMPTY) for g in local[1:]])
+
+
+# -- large buffers: the pipelined flat algorithms on the ranks in host order --------------------------
+
+
+def host_order(hosts: HostMap, first: int | None = None) -> list[int]:
+    """The group's ranks host by host; with ``first``, its host leads and it leads its host."""
+    lead = 0 if first is None else hosts.host_of[first]
+    order = []
+    for k in range(hosts.n_hosts):
+        members = list(hosts.members[(lead + k) % hosts.n_hosts])
+        if k == 0 and first is not None:
+            members.remove(first)
+            members.insert(0, first)
+        order += members
+    return order
+
+
+async def host_ordered_allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
+    await _allreduce.ring_allreduce(ctx.sub(host_order(_hosts(ctx))), arr, op)
+
+
+async def host_ordered_broadcast(ctx: OpContext, arr: Array, root: int) -> None:
+    await _broadcast.chain_broadcast(ctx.sub(host_order(_hosts(ctx), root)), arr, 0)
+
+
+async def host_ordered_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> None:
+    await _reduce.chain_reduce(ctx.sub(host_order(_hosts(ctx), root)), arr, op, 0)
+
+
+async def host_ordered_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
+    order = host_order(_hosts(ctx))
+    await _allgather.ring_allgather(ctx.sub(order), [blocks[g] for g in order], inp)

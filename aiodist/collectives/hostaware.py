@@ -1,0 +1,94 @@
+"""The host-aware forms of the collectives: which one runs (``select.host_algorithm``), and a note of it.
+
+The flat dispatchers (``allreduce.allreduce``, ``broadcast.broadcast``, ...) hand an operation
+here when ``select.host_algorithm`` says its group's layout over hosts calls for the direct
+(one host, ``aiodist.collectives.direct``) or the hierarchical (several hosts,
+``aiodist.collectives.hierarchical``) form. Each choice is logged at DEBUG level on the
+``aiodist`` logger ("hierarchical", "host-ordered" for a large buffer's ring or chain with the
+ranks in host order, "direct"), the phases of a hierarchical operation too ("rank 2: all_reduce #7:
+all_reduce hierarchical over 2 hosts (4 ranks)", then "rank 2: all_reduce #7: broadcast direct
+on one host (2 ranks)"), which is how one sees which path a job took.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from aiodist.collectives import direct, hierarchical, select
+from aiodist.collectives._common import Array
+from aiodist.collectives.context import OpContext
+from aiodist.ops import ReduceOp
+
+__all__ = ["allgather", "allreduce", "barrier", "broadcast", "reduce", "reduce_scatter"]
+
+log = logging.getLogger("aiodist")
+
+#: How the log names the pipelined flat algorithms run on the ranks in host order.
+HOST_ORDERED = "host-ordered"
+
+
+def _note(ctx: OpContext, what: str, how: str) -> None:
+    if log.isEnabledFor(logging.DEBUG):
+        fp = ctx.fp or ["collective", "?"]
+        hosts = ctx.hosts.n_hosts if ctx.hosts is not None else 1
+        where = "on one host" if hosts == 1 else f"over {hosts} hosts"
+        log.debug(
+            "aiodist: rank %d: %s #%s: %s %s %s (%d ranks)",
+            ctx.ranks[ctx.rank], fp[0], fp[1], what, how, where, ctx.size,
+        )  # fmt: skip
+
+
+async def allreduce(ctx: OpContext, arr: Array, op: ReduceOp, how: str) -> None:
+    if how == "direct":
+        _note(ctx, "all_reduce", how)
+        await direct.direct_allreduce(ctx, arr, op)
+    elif select.allreduce_algorithm(arr.nbytes, ctx.size) == "ring":
+        _note(ctx, "all_reduce", HOST_ORDERED)
+        await hierarchical.host_ordered_allreduce(ctx, arr, op)
+    else:
+        _note(ctx, "all_reduce", how)
+        await hierarchical.hierarchical_allreduce(ctx, arr, op)
+
+
+async def broadcast(ctx: OpContext, arr: Array, root: int, how: str) -> None:
+    if how == "direct":
+        _note(ctx, "broadcast", how)
+        await direct.direct_broadcast(ctx, arr, root)
+    elif select.broadcast_algorithm(arr.nbytes, ctx.size) == "chain":
+        _note(ctx, "broadcast", HOST_ORDERED)
+        await hierarchical.host_ordered_broadcast(ctx, arr, root)
+    else:
+        _note(ctx, "broadcast", how)
+        await hierarchical.hierarchical_broadcast(ctx, arr, root)
+
+
+async def allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array, how: str) -> None:
+    if how == "direct":
+        _note(ctx, "all_gather", how)
+        await direct.direct_allgather(ctx, blocks, inp)
+    elif select.allgather_algorithm(inp.nbytes, ctx.size) == "ring":
+        _note(ctx, "all_gather", HOST_ORDERED)
+        await hierarchical.host_ordered_allgather(ctx, blocks, inp)
+    else:
+        _note(ctx, "all_gather", how)
+        await hierarchical.hierarchical_allgather(ctx, blocks, inp)
+
+
+async def reduce_scatter(ctx: OpContext, out: Array, blocks: Sequence[Array], op: ReduceOp, how: str) -> None:
+    _note(ctx, "reduce_scatter", how)
+    await direct.direct_reduce_scatter(ctx, out, blocks, op)  # (no hierarchical form: flat across hosts)
+
+
+async def reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int, how: str) -> None:
+    if select.reduce_algorithm(arr.nbytes, ctx.size) == "chain":
+        _note(ctx, "reduce", HOST_ORDERED)
+        await hierarchical.host_ordered_reduce(ctx, arr, op, root)
+    else:
+        _note(ctx, "reduce", how)
+        await hierarchical.hierarchical_reduce(ctx, arr, op, root)
+
+
+async def barrier(ctx: OpContext, how: str) -> None:
+    _note(ctx, "barrier", how)
+    await hierarchical.hierarchical_barrier(ctx)

@@ -1,0 +1,30 @@
+"""Memory-transport worlds whose groups run on a given backend (staged, torch's engine)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from aiodist.backends.base import Backend
+from aiodist.backends.native import NATIVE
+from aiodist.backends.staged import StagedBackend, Stager
+from aiodist.group import ProcessGroup
+from aiodist.transport.memory import MemoryFabric
+
+
+def backend_world(
+    backends: Sequence[Backend], timeout: float = 30.0
+) -> tuple[MemoryFabric, list[ProcessGroup]]:
+    """One default group per rank over the memory transport, rank i's on ``backends[i]``."""
+    fabric = MemoryFabric(len(backends))
+    groups = [
+        ProcessGroup(t, range(len(backends)), 0, timeout=timeout, runs_on=b)
+        for t, b in zip(fabric.transports, backends, strict=True)
+    ]
+    return fabric, groups
+
+
+def staged_world(
+    stagers: Sequence[Stager | None], timeout: float = 30.0
+) -> tuple[MemoryFabric, list[ProcessGroup]]:
+    """``backend_world`` where rank i stages through ``stagers[i]`` (None: nothing staged)."""
+    return backend_world([StagedBackend(NATIVE, s) for s in stagers], timeout)
