@@ -15,9 +15,14 @@ as pytest puts a rootless conftest's folder there).
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from aiodist.transport import shm_segment
 
 TIERS = ("unit", "collectives", "integration", "faults")
 HERE = Path(__file__).resolve().parent
@@ -32,3 +37,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # A test may name its tier itself (the memory cases of the every-operation suite).
         if tier in TIERS and not any(item.get_closest_marker(t) for t in TIERS):
             item.add_marker(getattr(pytest.mark, tier))
+
+
+def _segments() -> set[str]:
+    try:
+        return {n for n in os.listdir(shm_segment.SEGMENT_DIR) if n.startswith(shm_segment.PREFIX)}
+    except OSError:
+        return set()
+
+
+@pytest.fixture(autouse=True)
+def _no_segment_left() -> Iterator[None]:
+    """No test leaves a shared-memory segment of aiodist in /dev/shm (its ranks unlink them as
+    soon as both ends map them; the launchers sweep what a killed rank leaves)."""
+    before = _segments()
+    yield
+    deadline = time.monotonic() + 5.0  # processes of the test may still be exiting
+    while (left := _segments() - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"shared-memory segments left in {shm_segment.SEGMENT_DIR}: {sorted(left)}"

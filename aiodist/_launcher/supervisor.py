@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -35,6 +36,7 @@ from aiodist._launcher.env import worker_env
 from aiodist._launcher.relay import ConsoleWriter, Tail, pump
 from aiodist._launcher.summary import WorkerExit, format_summary, root_cause, signal_name
 from aiodist._launcher.tracebacks import compress_frames, error_line
+from aiodist.transport import shm_segment
 
 __all__ = ["Supervisor", "pick_free_port"]
 
@@ -189,6 +191,10 @@ class Supervisor:
         self._prog = prog
         self._secret = secret
         self._environ = dict(environ)
+        # Workers name their shared-memory segments after this token, so that what a worker
+        # killed during setup leaves in /dev/shm is swept once the group has exited.
+        self._shm_job = self._environ.get("AIODIST_SHM_JOB") or secrets.token_hex(8)
+        self._environ["AIODIST_SHM_JOB"] = self._shm_job
         self._stdout = stdout
         self._stderr = stderr
         self._messages = ConsoleWriter(stderr, f"[{prog}] ".encode())
@@ -264,6 +270,7 @@ class Supervisor:
         finally:
             first_signal = self._signals.first or signal.SIGTERM
             await self._stop(workers, first_signal)
+            shm_segment.sweep(self._shm_job)
         return _Outcome(exits=tuple(worker.ended() for worker in workers), failed=failed)
 
     async def _spawn(self, local_rank: int, attempt: int, port: int) -> _Worker:

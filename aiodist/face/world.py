@@ -36,6 +36,7 @@ from aiodist.store import PrefixStore, Store, TCPStore
 from aiodist.store.base import StoreShutDownError
 from aiodist.transport.base import Transport, exit_goodbye
 from aiodist.transport.mesh import claim_rank, connect_mesh
+from aiodist.transport.shm import shm_mode_from_env
 from aiodist.wire.handshake import secret_from_env
 
 __all__ = [
@@ -137,6 +138,7 @@ async def init_process_group(
     seconds = as_seconds(timeout)
     loop = asyncio.get_running_loop()
     _busy_poll.for_loop(loop)  # reads AIODIST_BUSY_POLL_US: a bad value fails here, before any rendezvous
+    shm_mode_from_env()  # AIODIST_SHM too
     deadline = loop.time() + seconds
     secret = secret_from_env()
     left = seconds

@@ -17,6 +17,10 @@ the CPU spent on an operation whose peer is slow: after it the loop sleeps as us
 When: only where the host has a core for each of its ranks (``aiodist.runtime.host``): polling on an
 oversubscribed host takes the core another rank needs. The sync face's loop thread polls only
 while a caller is blocked on it, never while the caller's thread computes (the GIL is shared).
+
+Sources: a transport with shared memory registers a ``PollSource``; every turn of a polling
+loop looks at it (its rings), and it is told when polling starts and stops (so that writers
+may skip the doorbells of a reader that polls anyway).
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ import asyncio
 import os
 import time
 import weakref
+from typing import Protocol
 
 from aiodist.errors import DistValueError
 from aiodist.runtime import host as _host
 
-__all__ = ["BusyPoll", "DEFAULT_BUDGET_US", "for_loop"]
+__all__ = ["BusyPoll", "DEFAULT_BUDGET_US", "PollSource", "for_loop"]
 
 DEFAULT_BUDGET_US = 200.0
 
@@ -46,6 +51,14 @@ def budget_from_env() -> float:
     return max(us, 0.0) * 1e-6
 
 
+class PollSource(Protocol):
+    """Something a polling loop looks at on every turn (shared-memory rings)."""
+
+    def poll(self) -> None: ...
+
+    def set_polling(self, polling: bool) -> None: ...
+
+
 class BusyPoll:
     """The busy poller of one event loop.
 
@@ -54,7 +67,7 @@ class BusyPoll:
     callers of the sync face do (the loop thread, whose caller may be computing).
     """
 
-    __slots__ = ("__weakref__", "_handle", "_until", "budget", "for_ops", "loop", "waiting")
+    __slots__ = ("__weakref__", "_handle", "_sources", "_until", "budget", "for_ops", "loop", "waiting")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, budget: float, *, for_ops: bool = True) -> None:
         self.loop = loop
@@ -63,6 +76,17 @@ class BusyPoll:
         self.waiting = 0
         self._until = 0.0
         self._handle: asyncio.Handle | None = None
+        self._sources: list[PollSource] = []
+
+    def add_source(self, source: PollSource) -> None:
+        """Look at ``source`` on every turn while polling (see the module docstring)."""
+        self._sources.append(source)
+        if self._handle is not None:
+            source.set_polling(True)
+
+    def remove_source(self, source: PollSource) -> None:
+        if source in self._sources:
+            self._sources.remove(source)
 
     def hold(self) -> None:
         """Something started waiting: poll for up to the budget from now."""
@@ -72,15 +96,21 @@ class BusyPoll:
         self._until = time.monotonic() + self.budget
         if self._handle is None:
             self._handle = self.loop.call_soon(self._poll)
+            for source in self._sources:
+                source.set_polling(True)
 
     def release(self) -> None:
         self.waiting -= 1
 
     def _poll(self) -> None:
+        for source in self._sources:
+            source.poll()
         if self.waiting > 0 and time.monotonic() < self._until:
             self._handle = self.loop.call_soon(self._poll)
         else:
             self._handle = None
+            for source in self._sources:
+                source.set_polling(False)
 
 
 _pollers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BusyPoll] = weakref.WeakKeyDictionary()

@@ -13,11 +13,14 @@ import inspect
 import multiprocessing as mp
 import os
 import queue
+import secrets
 import socket
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from aiodist.transport import shm_segment
 
 __all__ = ["RankFailed", "free_port", "spawn"]
 
@@ -77,7 +80,12 @@ def spawn(
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    full_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    # AIODIST_SHM_JOB: the ranks' shared-memory segments carry it; what is left is swept at the end.
+    full_env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "AIODIST_SHM_JOB": secrets.token_hex(8),
+    }
     full_env.update(env or {})
     procs = [
         ctx.Process(target=_entry, args=(fn, r, world_size, full_env, tuple(args), results), daemon=True)
@@ -108,6 +116,7 @@ def spawn(
             if p.is_alive():
                 p.kill()
                 p.join(5)
+        shm_segment.sweep(full_env["AIODIST_SHM_JOB"])
     problems = []
     for r, p in enumerate(procs):
         if r in out and out[r][0]:

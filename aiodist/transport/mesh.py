@@ -413,6 +413,8 @@ async def _connect_mesh(
             task.add_done_callback(_on_connected(unconnected, peer))
         try:
             await asyncio.gather(*tasks)
+            # Ranks of one host agree on shared memory before the first operation (bounded).
+            await transport.shm_settled()
             log.info(
                 "aiodist: rank %d connected with its %d peer(s) in %.2f s; it listens on %s:%d",
                 rank,

@@ -31,7 +31,9 @@ from collections.abc import Awaitable
 from typing import Any, cast
 
 from aiodist.errors import DistError, DistNetworkError, DistTimeoutError
+from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.transport.base import DISCARD, Fingerprint, Key, PendingRecv, Transport
+from aiodist.transport.shm import SETUP_TIMEOUT, ShmPaths
 from aiodist.wire.control import Control, Goodbye
 from aiodist.wire.frames import PAUSE, FrameReader, Limits, ProtocolError, encode_frame
 from aiodist.wire.handshake import (
@@ -47,9 +49,10 @@ from aiodist.wire.handshake import (
     parse_challenge,
     verify_welcome,
 )
-from aiodist.wire.messages import Abort, Bye, ControlFrame, Data, Mismatch, encode_data
+from aiodist.wire.messages import Abort, Bye, ControlFrame, Data, Mismatch, ShmFrame, encode_data
 from aiodist.wire.messages import decode as decode_message
 from aiodist.wire.messages import encode as encode_message
+from aiodist.wire.shm import ShmBell, ShmMessage
 
 __all__ = ["TcpTransport"]
 
@@ -66,6 +69,8 @@ PEER_HANDSHAKE_LIMITS = Limits(
     max_header=2048, max_payload=0, max_str=1024, max_bin=64, max_array=8, max_map=0
 )
 _HANDSHAKE_SCRATCH = 4096
+_EMPTY = memoryview(b"")
+_BELL_FRAME = encode_message(ShmFrame(ShmBell()))  # the doorbell of shared memory, sent often
 _DATA_SCRATCH = 256 * 1024
 # How long aclose() waits for peers to close their side after our goodbye.
 LEAVE_TIMEOUT = 2.0
@@ -234,9 +239,14 @@ class _PeerProtocol(asyncio.BufferedProtocol):
             msg = decode_message(header, nbytes)
         except ProtocolError as exc:
             raise ProtocolError(f"{exc} from rank {self.peer}") from None
+        # What the peer wrote to shared memory before this frame comes before it.
+        self.owner._shm.drain_from(self.peer)
         if type(msg) is Data:
             return self._on_data(msg, nbytes)
         self._target = DISCARD  # the other kinds carry no payload
+        if type(msg) is ShmFrame:
+            self.owner._shm.message(self.peer, msg.message)
+            return None
         if type(msg) is Mismatch:
             self.owner._mismatch_reported(self.peer, msg.key, msg.sent, msg.want)
         elif type(msg) is Abort:
@@ -418,6 +428,19 @@ class TcpTransport(Transport):
         self.mailbox.on_drain = self._schedule_retry
         self.mailbox.on_post = self._schedule_retry
         self.port = 0
+        self._shm = ShmPaths(
+            rank,
+            self.loop,
+            self.mailbox,
+            job,
+            send_frame=self._send_shm_frame,
+            room_for=self._room_for,
+            reserve=self._reserve,
+            closing=lambda: self._closing,
+            broken=self._shm_broken,
+        )
+        if self._shm.enabled:
+            _busy_poll.for_loop(self.loop).add_source(self._shm)
 
     # -- setup ------------------------------------------------------------------------
     async def listen(self, host: str, port: int = 0) -> int:
@@ -483,6 +506,7 @@ class TcpTransport(Transport):
 
     def _register(self, proto: _PeerProtocol) -> None:
         self._peers[proto.peer] = proto
+        self._shm.connected(proto.peer)
         fut = self._arrivals.get(proto.peer)
         if fut is None:
             self._arrivals[proto.peer] = fut = self.loop.create_future()
@@ -497,6 +521,9 @@ class TcpTransport(Transport):
             raise DistNetworkError(f"rank {self.rank} has no connection to rank {dst}")
         if dst in self.dead_peers:
             raise self.dead_peers[dst]
+        link = self._shm.link_to(dst)
+        if link is not None:
+            return link.send(key, payload, fp)
         return proto.write_message(encode_data(key, fp, payload.nbytes), payload)
 
     def _send_mismatch(self, dst: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
@@ -523,6 +550,46 @@ class TcpTransport(Transport):
             return
         proto.write_message(encode_message(ControlFrame(msg)), memoryview(b""))
 
+    # -- shared memory ------------------------------------------------------------------
+    async def shm_settled(self, timeout: float = SETUP_TIMEOUT) -> None:
+        """Wait (at most ``timeout`` s) until every peer's shared-memory setup has concluded;
+        a setup still under way after it goes on in the background (TCP carries data meanwhile)."""
+        self._shm.expect(list(self._peers))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._shm.settled), timeout)
+
+    def local_peers(self) -> list[int]:
+        return self._shm.local_peers()
+
+    def host_of(self, peer: int) -> str | None:
+        return self._shm.host_of(peer)
+
+    @property
+    def host_id(self) -> str:
+        """This rank's host identity (``aiodist.runtime.host.host_id``)."""
+        return self._shm.host
+
+    @property
+    def shm_bytes(self) -> tuple[int, int]:
+        """Payload bytes sent and received through shared memory so far."""
+        return self._shm.bytes_sent, self._shm.bytes_received
+
+    def _send_shm_frame(self, dst: int, msg: ShmMessage) -> None:
+        proto = self._peers.get(dst)
+        # (once leaving, nothing more: the stream is half-closed after our goodbye)
+        if proto is None or proto.transport is None or proto.transport.is_closing() or self._closing:
+            return
+        frame = _BELL_FRAME if isinstance(msg, ShmBell) else encode_message(ShmFrame(msg))
+        proto.write_message(frame, _EMPTY)
+
+    def _reserve(self, nbytes: int) -> None:
+        self._incoming += nbytes
+
+    def _shm_broken(self, peer: int, why: str) -> None:
+        proto = self._peers.get(peer)
+        if proto is not None:
+            proto._poison(ProtocolError(why))
+
     # -- backpressure -------------------------------------------------------------------
     def _room_for(self, nbytes: int) -> bool:
         """May an unexpected message of ``nbytes`` be read and held now?"""
@@ -530,13 +597,14 @@ class TcpTransport(Transport):
         return mailbox.unexpected_bytes + self._incoming + nbytes <= mailbox.unexpected_cap
 
     def _schedule_retry(self) -> None:
-        if self._deferred and not self._retry_scheduled:
+        if (self._deferred or self._shm.stalled) and not self._retry_scheduled:
             self._retry_scheduled = True
             self.loop.call_soon(self._retry_deferred)
 
     def _retry_deferred(self) -> None:
         """A receive was posted or held memory freed: look again at the paused messages."""
         self._retry_scheduled = False
+        self._shm.retry()
         for proto in list(self._deferred):
             self._deferred.discard(proto)
             transport = proto.transport
@@ -555,11 +623,13 @@ class TcpTransport(Transport):
         self._schedule_retry()  # a paused message may belong to the abandoned operation
 
     def stall_note(self) -> str:
-        capped = [p for p in self._deferred if p._deferred_bytes]  # not those merely parked
+        # (not those merely parked: they wait a moment for their receive, not for room)
+        capped = [(p.peer, p._deferred_bytes) for p in self._deferred if p._deferred_bytes]
+        capped += self._shm.capped()
         if not capped:
             return ""
-        ranks = sorted(p.peer for p in capped)
-        biggest = max(p._deferred_bytes for p in capped)
+        ranks = sorted({peer for peer, _ in capped})
+        biggest = max(need for _, need in capped)
         held = self.mailbox.unexpected_bytes + self._incoming
         return (
             f"; reading from rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} is paused: "
@@ -575,12 +645,15 @@ class TcpTransport(Transport):
             return
         del self._peers[proto.peer]
         if self.closed or self._closing:
+            self._shm.peer_gone(proto.peer, DistNetworkError(f"rank {self.rank}: transport closed"))
             return
         cause = self._poisoned.get(proto.peer)
         if proto.departed and cause is None:
             # An orderly leave: fail what still needs this rank, but do not break the groups;
             # the other ranks may go on among themselves (torch's tutorial programs do).
-            self._peer_left(proto.peer, DistNetworkError(proto.goodbye.describe(proto.peer)))
+            left = DistNetworkError(proto.goodbye.describe(proto.peer))
+            self._shm.peer_gone(proto.peer, left)
+            self._peer_left(proto.peer, left)
             return
         if cause is not None:
             err = DistNetworkError(f"connection to rank {proto.peer} was dropped: {cause}")
@@ -591,6 +664,7 @@ class TcpTransport(Transport):
                 "(killed or crashed, or it ended without leaving the job)" + (f" ({exc})" if exc else "")
             )
         err.__cause__ = cause or exc
+        self._shm.peer_gone(proto.peer, err)
         self._peer_lost(proto.peer, err)
 
     # -- lifetime -----------------------------------------------------------------------
@@ -631,6 +705,8 @@ class TcpTransport(Transport):
         if self._server is not None:
             self._server.close()
         exc = DistNetworkError(f"rank {self.rank}: transport closed")
+        self._shm.close(exc)
+        _busy_poll.for_loop(self.loop).remove_source(self._shm)
         self.mailbox.fail_all(exc)
         for proto in list(self._peers.values()):
             if proto.transport is not None:

@@ -15,6 +15,7 @@ kind       message         body
 2          ``Abort``       ``[kind, reason]`` (a bare reason string from older peers)
 3          ``Bye``         a ``Goodbye`` (``aiodist.wire.control``); a string from older peers
 4          ``ControlFrame`` a control message (``aiodist.wire.control``); key ``(0, 0, 0)``
+5          ``ShmFrame``    a shared-memory setup message or doorbell (``aiodist.wire.shm``)
 =========  ==============  ==========================================================
 
 ``decode`` checks every field and raises ``ProtocolError`` on anything else, so the transport
@@ -31,6 +32,7 @@ from typing import Any, NamedTuple
 from aiodist.wire.control import Control, Goodbye, decode_control
 from aiodist.wire.fingerprint import Fingerprint
 from aiodist.wire.frames import ProtocolError, encode_frame
+from aiodist.wire.shm import ShmMessage, decode_shm
 
 __all__ = [
     "KIND_ABORT",
@@ -38,6 +40,7 @@ __all__ = [
     "KIND_CTRL",
     "KIND_DATA",
     "KIND_MISMATCH",
+    "KIND_SHM",
     "Abort",
     "Bye",
     "ControlFrame",
@@ -45,6 +48,7 @@ __all__ = [
     "Key",
     "Mismatch",
     "PeerMessage",
+    "ShmFrame",
     "decode",
     "encode",
     "encode_data",
@@ -55,6 +59,7 @@ KIND_MISMATCH = 1
 KIND_ABORT = 2
 KIND_BYE = 3  # an orderly goodbye: the peer is leaving, and says how (a Goodbye)
 KIND_CTRL = 4  # a control message of a group, answered by the receiving runtime
+KIND_SHM = 5  # shared memory between ranks of one host: its setup, and its doorbells
 
 # (group id, channel, sequence number): what matches a message to its receive.
 Key = tuple[int, int, int]
@@ -115,7 +120,17 @@ class ControlFrame:
         return [KIND_CTRL, 0, 0, 0, self.control.encode()]
 
 
-PeerMessage = Data | Mismatch | Abort | Bye | ControlFrame
+@dataclass(frozen=True, slots=True)
+class ShmFrame:
+    """A message of the shared-memory path (``aiodist.wire.shm``): setup, or a doorbell."""
+
+    message: ShmMessage
+
+    def header(self) -> list[Any]:
+        return [KIND_SHM, 0, 0, 0, self.message.encode()]
+
+
+PeerMessage = Data | Mismatch | Abort | Bye | ControlFrame | ShmFrame
 
 # ``Data(key, fp)`` without the generated ``__new__``'s argument handling: a third of its cost,
 # on every message received.
@@ -189,6 +204,10 @@ def _decode_notice(kind: int, key: Key, body: Any, nbytes: int) -> PeerMessage:
         if nbytes:
             raise ProtocolError("malformed control message")
         return ControlFrame(decode_control(body))
+    if kind == KIND_SHM:
+        if nbytes:
+            raise ProtocolError("malformed shared-memory message")
+        return ShmFrame(decode_shm(body))
     raise ProtocolError(f"unknown message kind {kind!r}")
 
 

@@ -1,11 +1,13 @@
 """Every operation over every path an operation takes, in one parametrised suite:
-transport (memory, TCP) x face (async, sync) x tensor kind (numpy, torch CPU) x staging (none,
+transport (memory, TCP, shared memory between processes of one host) x face (async, sync) x tensor kind (numpy, torch CPU) x staging (none,
 host-staged). Host staging is the CUDA path on CPU: ``HostStager`` has ``CudaStager``'s contract
 and poisons its twins, so right results mean every input was copied in and every output copied
 back. The suite itself is ``support.suite``.
 
-The sync face blocks its caller, so it runs one process per rank: over TCP only. The memory
-cases are the fast tier (``collectives``); the TCP ones spawn real processes (``integration``).
+The sync face blocks its caller, so it runs one process per rank: over TCP and shared memory
+only. The memory cases are the fast tier (``collectives``); the others spawn real processes
+(``integration``). "tcp" turns shared memory off (``AIODIST_SHM=0``); "shm" asserts that every
+rank's data really went through it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ HAVE_TORCH = importlib.util.find_spec("torch") is not None
 def _cases() -> list[Any]:
     cases = []
     for transport, face, kind, staging in itertools.product(
-        ("memory", "tcp"), ("async", "sync"), ("numpy", "torch"), ("none", "host")
+        ("memory", "tcp", "shm"), ("async", "sync"), ("numpy", "torch"), ("none", "host")
     ):
         if transport == "memory" and face == "sync":
             continue  # the sync face blocks: one process per rank
@@ -66,15 +68,25 @@ def test_every_operation(transport: str, face: str, kind: str, staging: str) -> 
                 if stage:
                     _check_stager(out)
         return
+    env = {"AIODIST_SHM": "0"} if transport == "tcp" else {"AIODIST_SHM": "1"}
     if face == "async":
         # 3 ranks (4 for torch tensors): rings, trees and the odd member of a subgroup
         n = 2 if stage else (3 if kind == "numpy" else 4)
-        res = spawn(async_suite, n, args=("tcp", (kind,), stage), timeout=130)
+        res = spawn(async_suite, n, args=("tcp", (kind,), stage), timeout=130, env=env)
         check_async_suite(res, n, (kind,))
     else:
         n = 2 if stage else 3
-        res = spawn(sync_suite, n, args=("tcp" if stage else "gloo", "cpu", stage, kind), timeout=130)
+        res = spawn(
+            sync_suite, n, args=("tcp" if stage else "gloo", "cpu", stage, kind), timeout=130, env=env
+        )
         check_sync_suite(res, n, kind)
+    for out in res:
+        sent, received = out["shm_bytes"]
+        if transport == "shm":  # every rank's data went through shared memory (MiBs on the async face)
+            least = 1 << 20 if face == "async" else 1
+            assert sent >= least and received >= least, out["shm_bytes"]
+        else:
+            assert (sent, received) == (0, 0), out["shm_bytes"]
     if stage:
         for out in res:
             _check_stager(out)

@@ -1,6 +1,6 @@
 """The every-operation suite, one copy for every path an operation can take.
 
-``tests/integration/test_every_operation.py`` runs it over transport (memory, TCP) x face (async,
+``tests/integration/test_every_operation.py`` runs it over transport (memory, TCP, shared memory) x face (async,
 sync) x tensor kind (numpy, torch CPU) x staging (none, host-staged); ``test_engine.py`` and
 ``test_cuda.py`` run it over torch's engines ("torch-gloo", "nccl") and CUDA tensors. Every
 operation (every root where there is one), point-to-point (a ring, any source, a batch), dozens
@@ -28,6 +28,13 @@ def maker(kind: str) -> Any:
     if kind == "torch":
         return lambda a: torch.from_numpy(np.ascontiguousarray(a).copy())
     return lambda a: torch.from_numpy(np.ascontiguousarray(a).copy()).to(kind)
+
+
+def shm_bytes() -> tuple[int, int]:
+    """Payload bytes this rank sent and received through shared memory (its job's transport)."""
+    from aiodist.face import world as _world
+
+    return tuple(getattr(_world.world().transport, "shm_bytes", (0, 0)))  # type: ignore[return-value]
 
 
 def host(t: Any) -> np.ndarray:
@@ -185,6 +192,7 @@ async def async_suite(
     res["work_pending_at_start"] = not work.is_completed()
     res["work_results"] = (await work, await work, work.is_completed(), work.is_success(), work.exception())
     await dist.barrier()
+    res["shm_bytes"] = shm_bytes()
     if stager is not None:
         res["stager"] = (stager.copies_in, stager.copies_out, stager.pool.hits, stager.pool.in_use_bytes)
     await dist.destroy_process_group()
@@ -331,6 +339,7 @@ def sync_suite(
         sd.broadcast(x, src=n - 1, group=sub)
     out["sub"] = float(host(x)[0])
     sd.barrier()
+    out["shm_bytes"] = shm_bytes()
     if stager is not None:
         out["stager"] = (stager.copies_in, stager.copies_out, stager.pool.hits, stager.pool.in_use_bytes)
     sd.destroy_process_group()

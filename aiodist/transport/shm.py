@@ -1,0 +1,784 @@
+"""Shared memory between ranks on one host: the data messages of a TCP transport's local peers.
+
+``ShmPaths`` belongs to one ``TcpTransport``. After a peer's handshake both ends say which host
+they are on (``ShmHello``); between ranks of one host each creates a segment for the direction
+it writes (``shm_segment``), offers its name over the authenticated connection, the reader
+maps it, proves it sees the same memory (the nonce, and an echo the creator checks) and tries
+a single-copy read of the creator's memory; then the creator unlinks the name and says
+``ShmStart`` on TCP, after which its data messages for that peer go through the segment. Any
+failure leaves that direction on TCP (logged at debug level). TCP keeps the handshake,
+control, aborts, mismatch reports and goodbyes, and carries the doorbells.
+
+A ``_Link`` is one peer: the ring this rank writes (``out``) and the one it reads (``inp``).
+Messages are records of the ring, matched by the transport's ``Mailbox`` exactly as TCP frames
+(same key, size and fingerprint checks):
+
+* up to ``EAGER`` bytes (or everything when single-copy reads are refused): the payload is
+  copied into the ring (pieces of ``PIECE`` bytes for big ones; two copies);
+* larger: a descriptor (pid, address, size); the reader copies the bytes straight from the
+  writer's buffer into the posted receive's (``process_vm_readv``, one copy, ``CMA_CHUNK`` at a
+  time with a turn of the loop between) and counts it done in the writer's segment, which is
+  when the writer's send completes (its buffer stays untouched until then).
+
+Doorbells: a writer sends a ``ShmBell`` on TCP after writing unless the reader's loop polls
+(its flag in its own segment, set while ``aiodist.runtime.busy_poll`` keeps the loop spinning).
+A skipped doorbell is checked again after ``RECHECK`` seconds: the reader may have stopped
+polling just as the record landed (store-load reordering), and then gets its doorbell late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+from aiodist.errors import DistNetworkError, DistValueError
+from aiodist.runtime import host as _host
+from aiodist.transport.base import DISCARD, Fingerprint, Key, Mailbox, PendingRecv
+from aiodist.transport.shm_segment import (
+    ECHO,
+    SKIP_BELLS,
+    W_ACKED,
+    W_BLOCKED,
+    W_POLLING,
+    W_SEEN,
+    Ring,
+    Segment,
+    address_of,
+    cma_read,
+)
+from aiodist.wire.frames import DEFAULT_LIMITS, ProtocolError, decode_header
+from aiodist.wire.shm import (
+    DATA,
+    DESC,
+    MORE,
+    PART,
+    ShmAccept,
+    ShmBell,
+    ShmDecline,
+    ShmHello,
+    ShmMessage,
+    ShmOffer,
+    ShmStart,
+    decode_record_header,
+)
+
+__all__ = ["ShmPaths", "shm_mode_from_env"]
+
+log = logging.getLogger("aiodist.transport")
+
+EAGER = 64 * 1024  # with single-copy reads, larger messages go by descriptor
+PIECE = 256 * 1024  # without: messages go through the ring in pieces of this size
+CMA_CHUNK = 8 * 1024 * 1024  # a single-copy read turns the loop over after each chunk
+RECHECK = 0.001  # seconds before a skipped doorbell is looked at again
+ROOM_RETRY = 0.0005  # seconds between looks for room in a full ring (also nudged by doorbells)
+SETUP_TIMEOUT = 5.0
+
+_OFF, _PENDING, _ON = 0, 1, 2
+
+
+def shm_mode_from_env() -> str:
+    """``AIODIST_SHM``: "1" (default: shared memory between ranks of a host, single-copy reads
+    where the kernel allows them), "0" (off: TCP only), "copy" (shared memory, two copies)."""
+    raw = os.environ.get("AIODIST_SHM", "").strip().lower()
+    if raw in ("", "1", "on", "true", "yes"):
+        return "on"
+    if raw in ("0", "off", "false", "no"):
+        return "off"
+    if raw == "copy":
+        return "copy"
+    raise DistValueError(f"AIODIST_SHM must be 1, 0 or copy, got {raw!r}")
+
+
+def job_token(job: str) -> str:
+    """The job part of segment names: ``AIODIST_SHM_JOB`` (set by the launcher, which sweeps
+    what its workers leave), else a hash of the transport's job id."""
+    env = os.environ.get("AIODIST_SHM_JOB", "").strip()
+    if env and env.isalnum() and len(env) <= 64:
+        return env
+    return hashlib.sha256(job.encode()).hexdigest()[:12]
+
+
+class _Send:
+    """A message not yet (wholly) in the ring, or a descriptor awaiting the reader's completion."""
+
+    __slots__ = ("fp", "future", "key", "kind", "offset", "payload")
+
+    def __init__(
+        self, kind: int, key: Key, fp: Fingerprint | None, payload: memoryview, future: asyncio.Future[None]
+    ) -> None:
+        self.kind = kind
+        self.key = key
+        self.fp = fp
+        self.payload = payload
+        self.offset = 0
+        self.future = future
+
+
+class _Part:
+    """A message arriving in pieces: where they go (None: dropped) and how far it got."""
+
+    __slots__ = ("buf", "fp", "held", "key", "offset", "recv", "total")
+
+    def __init__(
+        self,
+        key: Key,
+        fp: Fingerprint | None,
+        total: int,
+        buf: memoryview | None,
+        recv: PendingRecv | None,
+        *,
+        held: bool,
+    ) -> None:
+        self.key = key
+        self.fp = fp
+        self.total = total
+        self.buf = buf
+        self.recv = recv
+        self.held = held
+        self.offset = 0
+
+
+class _Link:
+    """Shared memory with one peer: the ring this rank writes and the one it reads."""
+
+    def __init__(self, paths: ShmPaths, peer: int) -> None:
+        self.paths = paths
+        self.peer = peer
+        self.host = ""  # the peer's host identity (from its hello)
+        self.peer_pid = 0  # the process whose memory single-copy reads may read (from its offer)
+        self.out_state = _PENDING
+        self.in_state = _PENDING
+        self.out_seg: Segment | None = None
+        self.out: Ring | None = None
+        self.in_seg: Segment | None = None
+        self.inp: Ring | None = None
+        self.cma = False  # the peer may read our memory directly (it said so)
+        self.backlog: deque[_Send] = deque()
+        self.unacked: deque[_Send] = deque()
+        self.acks_seen = 0
+        self.room_timer: asyncio.TimerHandle | None = None
+        self.recheck_timer: asyncio.TimerHandle | None = None
+        # reading side
+        self.busy = False  # a single-copy read is under way (records behind it wait)
+        self.reader: asyncio.Task[None] | None = None
+        self.read_recv: PendingRecv | None = None  # the receive a single-copy read fills
+        self.part: _Part | None = None
+        self.park_timer: asyncio.TimerHandle | None = None
+        self.park_expired = False
+        self.stalled = False  # the next record waits for a receive or for room under the cap
+        self.need = 0  # bytes the next record needs under the cap (0: it waits for its receive)
+        self.broken: BaseException | None = None
+
+    # -- writing -------------------------------------------------------------------------
+    def send(self, key: Key, payload: memoryview, fp: Fingerprint | None) -> asyncio.Future[None]:
+        paths = self.paths
+        n = payload.nbytes
+        out = self.out
+        assert out is not None
+        eager = n <= paths.eager_limit(self)
+        if (
+            eager
+            and not self.backlog
+            and out.try_write(paths.packb([DATA, key[0], key[1], key[2], fp]), payload)
+        ):
+            paths.bytes_sent += n
+            self.wake_peer()
+            return paths.done
+        loop = paths.loop
+        kind = DATA if eager else (DESC if self.cma and payload.contiguous else PART)
+        self.backlog.append(_Send(kind, key, fp, payload, loop.create_future()))
+        entry = self.backlog[-1]
+        self.flush()
+        return entry.future
+
+    def flush(self) -> None:
+        """Write what the backlog holds while the ring has room."""
+        if self.room_timer is not None:
+            self.room_timer.cancel()
+            self.room_timer = None
+        out = self.out
+        if out is None:
+            return
+        paths = self.paths
+        wrote = False
+        while self.backlog:
+            s = self.backlog[0]
+            if s.kind == DATA:
+                if not out.try_write(paths.packb([DATA, *s.key, s.fp]), s.payload):
+                    break
+                paths.bytes_sent += s.payload.nbytes
+                _resolve(s.future)
+            elif s.kind == DESC:
+                desc = [DESC, *s.key, s.fp, s.payload.nbytes, paths.pid, address_of(s.payload)]
+                if not out.try_write(paths.packb(desc), _EMPTY):
+                    break
+                self.unacked.append(s)
+            else:  # PART then MOREs
+                total = s.payload.nbytes
+                while s.offset < total:
+                    end = min(total, s.offset + PIECE)
+                    head = paths.packb([PART, *s.key, s.fp, total]) if s.offset == 0 else _MORE_HEADER
+                    if not out.try_write(head, s.payload[s.offset : end]):
+                        break
+                    paths.bytes_sent += end - s.offset
+                    s.offset = end
+                    wrote = True
+                if s.offset < total:
+                    break
+                _resolve(s.future)
+            self.backlog.popleft()
+            wrote = True
+        if self.backlog:
+            # No room: look again soon (the reader's doorbell after it frees room comes first, usually).
+            out.words[W_BLOCKED] = 1
+            self.room_timer = paths.loop.call_later(ROOM_RETRY, self.flush)
+        elif out.words[W_BLOCKED]:
+            out.words[W_BLOCKED] = 0
+        if wrote:
+            self.wake_peer()
+
+    def check_acks(self) -> None:
+        """Complete the sends whose descriptors the peer has read."""
+        out = self.out
+        if out is None or not self.unacked:
+            return
+        acked = int(out.words[W_ACKED])
+        while self.acks_seen < acked and self.unacked:
+            s = self.unacked.popleft()
+            self.acks_seen += 1
+            self.paths.bytes_sent += s.payload.nbytes
+            _resolve(s.future)
+        out.words[W_SEEN] = self.acks_seen  # (the reader's second look asks whether we saw them)
+
+    def peer_polls(self) -> bool:
+        """The peer's loop is polling now (its flag in the segment it writes)."""
+        inp = self.inp
+        return SKIP_BELLS and inp is not None and bool(inp.words[W_POLLING])
+
+    def wake_peer(self) -> None:
+        """The peer has something to look at (records, room, completions): ring unless it polls."""
+        if self.peer_polls():
+            if self.recheck_timer is None:
+                self.recheck_timer = self.paths.loop.call_later(RECHECK, self._recheck)
+            return
+        self.paths.bell(self.peer)
+
+    def _recheck(self) -> None:
+        # Our stores are visible by now: a peer that still polls will see them; one that has
+        # stopped may have looked just before they landed: ring if it left something unseen
+        # (records unread, completions unnoticed). A spurious doorbell would wake it for nothing.
+        self.recheck_timer = None
+        if self.peer_polls():
+            return
+        out, inp = self.out, self.inp
+        unread = out is not None and out.consumed() < out.head
+        unnoticed = inp is not None and int(inp.words[W_ACKED]) > int(inp.words[W_SEEN])
+        if unread or unnoticed:
+            self.paths.bell(self.peer)
+
+    # -- reading -------------------------------------------------------------------------
+    def drain(self) -> None:
+        """Take every record the peer has written, in order, until one has to wait."""
+        inp = self.inp
+        if inp is None or self.in_state != _ON or self.busy or self.broken is not None:
+            return
+        freed = False
+        try:
+            while True:
+                rec = inp.peek()
+                if rec is None:
+                    break
+                head, payload, rlen = rec
+                if not self._take(head, payload):
+                    self.stalled = True
+                    break
+                self.stalled = False
+                self.need = 0
+                inp.advance(rlen)
+                freed = True
+                if self.busy:
+                    break
+        except (ValueError, ProtocolError) as exc:
+            self.paths.broken_link(self.peer, f"rank {self.peer} wrote nonsense into shared memory: {exc}")
+            return
+        if freed and inp.words[W_BLOCKED]:
+            self.wake_peer()
+
+    def _take(self, raw: memoryview, payload: memoryview) -> bool:
+        """Handle one record; False: it must wait (the record stays in the ring)."""
+        paths = self.paths
+        rh = decode_record_header(decode_header(raw, DEFAULT_LIMITS), payload.nbytes)
+        mailbox = paths.mailbox
+        if rh.kind == MORE:
+            return self._piece(payload)
+        key, fp, n = rh.key, rh.fp, rh.nbytes
+        if paths.closing():  # we said goodbye: nothing that arrives matters now
+            if rh.kind == PART:  # (its pieces follow: drop them too)
+                self.part = _Part(key, fp, n, None, None, held=False)
+                return self._piece(payload)
+            return True
+        if rh.kind == DATA:
+            target = mailbox.match(self.peer, key, n, fp)
+            if isinstance(target, PendingRecv):
+                target.buf[:] = payload
+                paths.bytes_received += n
+                mailbox.complete(target, self.peer)
+                return True
+            if target is DISCARD:
+                return True
+            if n and not paths.room_for(n):
+                return self._no_room(n)
+            paths.bytes_received += n
+            mailbox.deliver(self.peer, key, fp, payload, owned=False)
+            return True
+        if rh.kind == PART:
+            target = mailbox.match(self.peer, key, n, fp)
+            if isinstance(target, PendingRecv):
+                self.part = _Part(key, fp, n, target.buf, target, held=False)
+            elif target is DISCARD:
+                self.part = _Part(key, fp, n, None, None, held=False)
+            else:
+                if not paths.room_for(n):
+                    return self._no_room(n)
+                paths.reserve(n)
+                self.part = _Part(key, fp, n, memoryview(bytearray(n)), None, held=True)
+            return self._piece(payload)
+        # DESC: only ever a read of the process that offered the segment (and passed the probe)
+        if rh.pid != self.peer_pid:
+            raise ProtocolError(f"rank {self.peer} sent a descriptor of another process ({rh.pid})")
+        target = mailbox.match(self.peer, key, n, fp)
+        if isinstance(target, PendingRecv):
+            self._stop_parking()
+            self._start_read(rh.pid, rh.addr, target.buf, target, key, fp)
+            return True
+        if target is DISCARD:
+            self._stop_parking()
+            self._ack()
+            return True
+        # Not posted yet: usually the receive is a moment away (the sender is one call ahead);
+        # wait for it briefly, then read into a held buffer so that records behind this one
+        # (and the sender's send) are not held up by a receive that may never come.
+        self.need = 0
+        if not self.park_expired:
+            if self.park_timer is None:
+                self.park_timer = paths.loop.call_later(min(0.05, max(0.005, n / 1e9)), self._park_over)
+            return False
+        if not paths.room_for(n):
+            return self._no_room(n)
+        self._stop_parking()
+        paths.reserve(n)
+        self._start_read(rh.pid, rh.addr, memoryview(bytearray(n)), None, key, fp)
+        return True
+
+    def _no_room(self, n: int) -> bool:
+        self.need = n
+        return False
+
+    def _piece(self, payload: memoryview) -> bool:
+        part = self.part
+        if part is None:
+            raise ProtocolError(f"rank {self.peer} sent a piece of a message it never started")
+        end = part.offset + payload.nbytes
+        if end > part.total:
+            raise ProtocolError(f"rank {self.peer} sent more pieces than its message has")
+        if part.buf is not None:
+            part.buf[part.offset : end] = payload
+            self.paths.bytes_received += payload.nbytes
+        part.offset = end
+        if end == part.total:
+            self.part = None
+            if part.buf is not None:
+                self._finish(part.key, part.fp, part.buf, part.recv, part.held)
+        return True
+
+    def _finish(
+        self, key: Key, fp: Fingerprint | None, buf: memoryview, recv: PendingRecv | None, held: bool
+    ) -> None:
+        mailbox = self.paths.mailbox
+        if recv is not None:
+            mailbox.complete(recv, self.peer)
+        elif held:
+            self.paths.unreserve(buf.nbytes)
+            mailbox.deliver(self.peer, key, fp, buf, owned=True)
+
+    def _park_over(self) -> None:
+        self.park_timer = None
+        self.park_expired = True
+        self.drain()
+
+    def _stop_parking(self) -> None:
+        if self.park_timer is not None:
+            self.park_timer.cancel()
+            self.park_timer = None
+        self.park_expired = False
+
+    def _start_read(
+        self, pid: int, addr: int, dst: memoryview, recv: PendingRecv | None, key: Key, fp: Fingerprint | None
+    ) -> None:
+        self.busy = True
+        self.read_recv = recv
+        self.reader = self.paths.loop.create_task(self._read(pid, addr, dst, recv, key, fp))
+
+    async def _read(
+        self, pid: int, addr: int, dst: memoryview, recv: PendingRecv | None, key: Key, fp: Fingerprint | None
+    ) -> None:
+        n = dst.nbytes
+        paths = self.paths
+        try:
+            for start in range(0, n, CMA_CHUNK):
+                end = min(n, start + CMA_CHUNK)
+                cma_read(pid, addr + start, dst[start:end])
+                if end < n:
+                    await asyncio.sleep(0)  # keep the loop responsive during a big read
+        except OSError as exc:
+            why = "the process is gone" if exc.errno == 3 else exc.strerror
+            err = DistNetworkError(
+                f"rank {paths.rank} could not read rank {self.peer}'s message from its memory ({why})"
+            )
+            if recv is not None and not recv.future.done():
+                recv.future.set_exception(err)
+                recv.future.exception()
+            if recv is None:
+                paths.unreserve(n)
+            self.busy = False
+            paths.broken_link(self.peer, str(err))
+            return
+        except asyncio.CancelledError:
+            if recv is None:
+                paths.unreserve(n)
+            self.busy = False
+            raise
+        paths.bytes_received += n
+        self._ack()
+        self.busy = False
+        self.reader = None
+        self.read_recv = None
+        self._finish(key, fp, dst, recv, recv is None)
+        self.drain()
+
+    def _ack(self) -> None:
+        inp = self.inp
+        assert inp is not None
+        inp.words[W_ACKED] = int(inp.words[W_ACKED]) + 1
+        self.wake_peer()
+
+    # -- lifetime ------------------------------------------------------------------------
+    def fail(self, exc: BaseException) -> None:
+        """The peer is gone: fail what waits on this link, stop reading, unmap."""
+        if self.broken is None:
+            self.broken = exc
+        for t in (self.room_timer, self.recheck_timer, self.park_timer):
+            if t is not None:
+                t.cancel()
+        self.room_timer = self.recheck_timer = self.park_timer = None
+        for s in list(self.backlog) + list(self.unacked):
+            if not s.future.done():
+                s.future.set_exception(exc)
+                s.future.exception()
+        self.backlog.clear()
+        self.unacked.clear()
+        if self.reader is not None and not self.reader.done():
+            self.reader.cancel()
+            recv = self.read_recv
+            if recv is not None and not recv.future.done():
+                recv.future.set_exception(exc)
+                recv.future.exception()
+        self.reader = None
+        self.read_recv = None
+        self.out_state = self.in_state = _OFF
+        self.out = self.inp = None
+        if self.part is not None and self.part.held and self.part.buf is not None:
+            self.paths.unreserve(self.part.buf.nbytes)
+        self.part = None
+        for seg in (self.out_seg, self.in_seg):
+            if seg is not None:
+                seg.close()
+        self.out_seg = self.in_seg = None
+
+
+_EMPTY = memoryview(b"")
+_MORE_HEADER = b"\x91\x03"  # msgpack of [MORE]
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class ShmPaths:
+    """The shared-memory links of one TCP transport (see the module docstring).
+
+    ``owner`` is the transport: it sends the setup frames and doorbells (``send_frame``), and
+    gives the mailbox, the unexpected-message cap and the loop.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        loop: asyncio.AbstractEventLoop,
+        mailbox: Mailbox,
+        job: str,
+        *,
+        send_frame: Callable[[int, ShmMessage], None],
+        room_for: Callable[[int], bool],
+        reserve: Callable[[int], None],
+        closing: Callable[[], bool],
+        broken: Callable[[int, str], None],
+    ) -> None:
+        self.rank = rank
+        self.loop = loop
+        self.mailbox = mailbox
+        self.mode = shm_mode_from_env()
+        self.host = _host.host_id()
+        self.job = job_token(job)
+        self.pid = os.getpid()
+        self.links: dict[int, _Link] = {}
+        self.send_frame = send_frame
+        self.room_for = room_for
+        self._reserve = reserve
+        self.closing = closing
+        self._broken = broken
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.done.set_result(None)
+        self.settled: asyncio.Future[None] = loop.create_future()
+        self.expected: set[int] | None = None  # (None: nobody waits for ``settled`` yet)
+        self.bytes_sent = 0  # payload bytes through shared memory (both copies and single-copy)
+        self.bytes_received = 0
+        self._polling = False
+        self._packer = msgpack.Packer(use_bin_type=True)
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+    def packb(self, obj: Any) -> bytes:
+        return bytes(self._packer.pack(obj))
+
+    def eager_limit(self, link: _Link) -> int:
+        return EAGER if link.cma else PIECE
+
+    def reserve(self, n: int) -> None:
+        self._reserve(n)
+
+    def unreserve(self, n: int) -> None:
+        self._reserve(-n)
+
+    # -- what the host-aware layer asks ----------------------------------------------------
+    def local_peers(self) -> list[int]:
+        """Peers whose data messages to this rank, and this rank's to them, go through shared memory."""
+        return sorted(p for p, link in self.links.items() if link.out_state == _ON and link.in_state == _ON)
+
+    def host_of(self, peer: int) -> str | None:
+        link = self.links.get(peer)
+        return link.host if link is not None and link.host else None
+
+    # -- setup -----------------------------------------------------------------------------
+    def expect(self, peers: list[int]) -> None:
+        """The peers whose setup ``settled`` waits for."""
+        self.expected = set(peers)
+        self._check_settled()
+
+    def connected(self, peer: int) -> None:
+        """The handshake with ``peer`` completed: say who we are."""
+        self.links[peer] = _Link(self, peer)
+        self.send_frame(peer, ShmHello(self.host, self.enabled))
+
+    def message(self, peer: int, msg: ShmMessage) -> None:
+        """A setup frame or a doorbell from ``peer`` (on its TCP connection, in order)."""
+        link = self.links.get(peer)
+        if link is None or link.broken is not None:
+            return
+        if isinstance(msg, ShmBell):
+            self.poll_link(link)
+        elif isinstance(msg, ShmHello):
+            self._hello(link, msg)
+        elif isinstance(msg, ShmOffer):
+            self._offer(link, msg)
+        elif isinstance(msg, ShmAccept):
+            self._accepted(link, msg)
+        elif isinstance(msg, ShmDecline):
+            self._declined(link, msg)
+        elif isinstance(msg, ShmStart):
+            if link.in_seg is not None and link.in_state == _PENDING:
+                link.inp = Ring(link.in_seg)
+                link.in_state = _ON
+            self._check_settled()
+            link.drain()
+
+    def _hello(self, link: _Link, hello: ShmHello) -> None:
+        link.host = hello.host
+        if not (self.enabled and hello.enabled and hello.host == self.host):
+            link.out_state = link.in_state = _OFF
+            self._check_settled()
+            return
+        try:
+            seg = Segment.create(self.job)
+        except OSError as exc:
+            log.debug("aiodist: rank %d: no shared memory towards rank %d: %s", self.rank, link.peer, exc)
+            link.out_state = _OFF
+            self.send_frame(link.peer, ShmDecline(str(exc), own=True))
+            self._check_settled()
+            return
+        link.out_seg = seg
+        self.send_frame(link.peer, ShmOffer(seg.name, seg.nonce, self.pid, seg.address()))
+
+    def _offer(self, link: _Link, offer: ShmOffer) -> None:
+        try:
+            seg = Segment.attach(offer.name)
+        except (OSError, ValueError) as exc:
+            self._refuse(link, f"cannot map {offer.name}: {exc}")
+            return
+        if seg.nonce != offer.nonce:
+            seg.close()
+            self._refuse(link, "the segment holds another nonce")
+            return
+        cma = False
+        if self.mode == "on":
+            probe = memoryview(bytearray(16))
+            try:
+                cma_read(offer.pid, offer.addr + 8, probe)
+                cma = bytes(probe) == offer.nonce
+            except OSError as exc:
+                log.debug(
+                    "aiodist: rank %d: no single-copy reads from rank %d: %s", self.rank, link.peer, exc
+                )
+        echo = os.urandom(16)
+        seg.view[ECHO] = echo
+        link.in_seg = seg
+        link.peer_pid = offer.pid if cma else 0
+        self.send_frame(link.peer, ShmAccept(echo, cma))
+
+    def _refuse(self, link: _Link, why: str) -> None:
+        log.debug("aiodist: rank %d: shared memory from rank %d refused: %s", self.rank, link.peer, why)
+        link.in_state = _OFF
+        self.send_frame(link.peer, ShmDecline(why))
+        self._check_settled()
+
+    def _accepted(self, link: _Link, acc: ShmAccept) -> None:
+        seg = link.out_seg
+        if seg is None or link.out_state != _PENDING:
+            return
+        seg.unlink()  # both ends map it: nothing need stay in the directory
+        if bytes(seg.view[ECHO]) != acc.echo:
+            log.debug("aiodist: rank %d: rank %d maps other memory than ours", self.rank, link.peer)
+            seg.close()
+            link.out_seg = None
+            link.out_state = _OFF
+            self.send_frame(link.peer, ShmDecline("the echo differs", own=True))
+            self._check_settled()
+            return
+        link.cma = acc.cma
+        link.out = Ring(seg)
+        if self._polling:
+            seg.words[W_POLLING] = 1
+        self.send_frame(link.peer, ShmStart())
+        link.out_state = _ON
+        self._check_settled()
+
+    def _declined(self, link: _Link, dec: ShmDecline) -> None:
+        if dec.own:  # the peer will not write to us through memory
+            link.in_state = _OFF
+            if link.in_seg is not None:
+                link.in_seg.close()
+                link.in_seg = None
+        else:  # it could not use our segment
+            log.debug("aiodist: rank %d: rank %d refused shared memory: %s", self.rank, link.peer, dec.reason)
+            link.out_state = _OFF
+            if link.out_seg is not None:
+                link.out_seg.close()
+                link.out_seg = None
+        self._check_settled()
+
+    def _check_settled(self) -> None:
+        if self.settled.done() or self.expected is None:
+            return
+        for peer in self.expected:
+            link = self.links.get(peer)
+            if link is None or _PENDING in (link.out_state, link.in_state):
+                return
+        self.settled.set_result(None)
+
+    # -- data path ---------------------------------------------------------------------------
+    def link_to(self, peer: int) -> _Link | None:
+        """The link whose ring carries data to ``peer``, or None (TCP)."""
+        link = self.links.get(peer)
+        return link if link is not None and link.out_state == _ON and link.broken is None else None
+
+    def bell(self, peer: int) -> None:
+        self.send_frame(peer, ShmBell())
+
+    def poll_link(self, link: _Link) -> None:
+        link.drain()
+        link.check_acks()
+        if link.backlog:
+            link.flush()
+
+    def drain_from(self, peer: int) -> None:
+        """Before a TCP frame of ``peer`` is handled: what it wrote to memory before came first."""
+        link = self.links.get(peer)
+        if link is not None and link.inp is not None:
+            link.drain()
+
+    def poll(self) -> None:
+        """One look at every link (the busy poller calls it on every turn of the loop)."""
+        for link in self.links.values():
+            if link.inp is not None and not link.busy and (link.stalled is False) and link.inp.pending():
+                link.drain()
+            if link.unacked:
+                link.check_acks()
+            if link.backlog and link.room_timer is None:
+                link.flush()
+
+    @property
+    def stalled(self) -> bool:
+        """Some link waits for a receive to be posted or for room under the unexpected cap."""
+        return any(link.stalled for link in self.links.values())
+
+    def capped(self) -> list[tuple[int, int]]:
+        """(peer, bytes needed) of the links whose next record waits for room under the cap."""
+        return [(p, link.need) for p, link in self.links.items() if link.stalled and link.need]
+
+    def retry(self) -> None:
+        """A receive was posted or held memory freed: records that waited may go on."""
+        for link in self.links.values():
+            if link.stalled:
+                link.drain()
+
+    def set_polling(self, polling: bool) -> None:
+        """This loop starts or stops polling: writers may skip our doorbells meanwhile."""
+        self._polling = polling
+        flag = 1 if polling else 0
+        for link in self.links.values():
+            if link.out is not None:
+                link.out.words[W_POLLING] = flag
+        if not polling:
+            self.poll()  # what landed while we stopped, with no doorbell sent for it
+
+    # -- failure and lifetime ---------------------------------------------------------------
+    def broken_link(self, peer: int, why: str) -> None:
+        link = self.links.get(peer)
+        if link is not None and link.broken is None:
+            err = DistNetworkError(why)
+            link.fail(err)
+        self._broken(peer, why)
+
+    def peer_gone(self, peer: int, exc: BaseException) -> None:
+        link = self.links.get(peer)
+        if link is None:
+            return
+        link.drain()  # what it wrote before it went is intact: deliver it
+        link.fail(exc)
+        self._check_settled()
+
+    def close(self, exc: BaseException) -> None:
+        for link in self.links.values():
+            link.fail(exc)
+        if not self.settled.done():
+            self.settled.set_result(None)

@@ -1,0 +1,286 @@
+"""Shared memory between processes of one host: when it is used, when it is not, and its
+harder paths (messages before their receives, a full ring, two-copy pieces), with real processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import aiodist as dist
+from aiodist.face.world import world
+from aiodist.testing import spawn
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _transport() -> Any:
+    return world().transport
+
+
+async def _check_ops(rank: int, size: int) -> dict[str, Any]:
+    """A few operations of every message size; results derived from rank and size."""
+    ok = {}
+    for n in (1, 1000, 100_000, 3_000_001):
+        a = np.full(n, rank + 1, np.int64)
+        await dist.all_reduce(a)
+        b = np.arange(n, dtype=np.int64) if rank == 0 else np.zeros(n, np.int64)
+        await dist.broadcast(b, 0)
+        ok[n] = bool((a == size * (size + 1) // 2).all() and (b == np.arange(n)).all())
+    return ok
+
+
+async def _where(rank: int, size: int, host_ids: list[str] | None, patch_dir: str | None) -> dict[str, Any]:
+    if host_ids is not None:
+        os.environ["AIODIST_HOST_ID"] = host_ids[rank]
+    if patch_dir is not None and rank == 1:
+        # This rank's segments live where its peers do not look (a /dev/shm they do not share),
+        # and it looks for theirs there: every proof fails.
+        from aiodist.transport import shm_segment
+
+        shm_segment.SEGMENT_DIR = patch_dir
+    await dist.init_process_group("tcp", "env://", timeout=60)
+    t = _transport()
+    out = {
+        "local": t.local_peers(),
+        "hosts": {p: t.host_of(p) for p in range(size) if p != rank},
+        "me": t.host_id,
+        "shares": [t.shares_memory_with(p) for p in range(size)],
+        "ok": await _check_ops(rank, size),
+    }
+    out["shm_bytes"] = t.shm_bytes
+    await dist.destroy_process_group()
+    return out
+
+
+def test_ranks_of_one_host_share_memory() -> None:
+    res = spawn(_where, 3, args=(None, None), timeout=100)
+    for r, out in enumerate(res):
+        others = [p for p in range(3) if p != r]
+        assert out["local"] == others
+        assert out["shares"] == [p != r for p in range(3)]
+        assert set(out["hosts"].values()) == {out["me"]}
+        assert all(out["ok"].values())
+        assert min(out["shm_bytes"]) > 3_000_000 * 8
+
+
+def test_off_switch_keeps_tcp() -> None:
+    res = spawn(_where, 2, args=(None, None), env={"AIODIST_SHM": "0"}, timeout=100)
+    for out in res:
+        assert out["local"] == [] and out["shm_bytes"] == (0, 0)
+        assert all(out["ok"].values())
+
+
+def test_forced_hosts_split_the_job() -> None:
+    """AIODIST_HOST_ID places ranks of one machine on "different hosts": shared memory only
+    within each, and every rank knows every peer's host (for hierarchical algorithms)."""
+    ids = ["hostA", "hostA", "hostB", "hostB"]
+    res = spawn(_where, 4, args=(ids, None), timeout=110)
+    for r, out in enumerate(res):
+        assert out["me"] == ids[r]
+        assert out["local"] == [r ^ 1]
+        assert out["hosts"] == {p: ids[p] for p in range(4) if p != r}
+        assert all(out["ok"].values())
+
+
+def test_a_failed_proof_falls_back_to_tcp(tmp_path: Any) -> None:
+    res = spawn(_where, 3, args=(None, str(tmp_path)), timeout=100)
+    for r, out in enumerate(res):
+        assert all(out["ok"].values())
+        assert 1 not in out["local"], out
+        assert out["local"] == ([] if r == 1 else [2 - r]), out  # ranks 0 and 2 still share
+    assert list(tmp_path.iterdir()) == []  # rank 1's refused segments were removed
+
+
+async def _early_and_many(rank: int, size: int) -> dict[str, Any]:
+    """Rank 0 sends far more than a ring holds (eager messages, and large ones by descriptor or
+    in pieces) before rank 1 posts a single receive; rank 1 then takes them in another order."""
+    await dist.init_process_group("tcp", "env://", timeout=60)
+    small = [np.full(60_000 // 8, i, np.int64) for i in range(150)]  # 9 MB of eager messages
+    big = [np.arange(1 << 20, dtype=np.int64) * (i + 1) for i in range(3)]  # 8 MiB each
+    out: dict[str, Any] = {}
+    if rank == 0:
+        sends = [dist.isend(b, 1, tag=100 + i) for i, b in enumerate(big)]
+        sends += [dist.isend(s, 1, tag=7) for s in small]  # one tag: must arrive in order
+        await asyncio.gather(*sends)
+    else:
+        await asyncio.sleep(0.5)  # everything above is sent (or waiting for room) by now
+        got_big = [np.zeros(1 << 20, np.int64) for _ in range(3)]
+        for i in (2, 0, 1):
+            await dist.recv(got_big[i], 0, tag=100 + i)
+        got = []
+        for _ in range(150):
+            x = np.zeros(60_000 // 8, np.int64)
+            await dist.recv(x, 0, tag=7)
+            got.append(int(x[0]) if (x == x[0]).all() else -1)
+        out["small"] = got
+        out["big"] = [bool((g == np.arange(1 << 20) * (i + 1)).all()) for i, g in enumerate(got_big)]
+    out["shm_bytes"] = _transport().shm_bytes
+    await dist.barrier()
+    await dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.parametrize("mode", ["1", "copy"])
+def test_messages_before_their_receives_and_a_full_ring(mode: str) -> None:
+    res = spawn(_early_and_many, 2, env={"AIODIST_SHM": mode}, timeout=100)
+    assert res[1]["small"] == list(range(150))
+    assert res[1]["big"] == [True] * 3
+    assert res[1]["shm_bytes"][1] >= 150 * 60_000 + 3 * (8 << 20)
+
+
+async def _mismatch(rank: int, size: int) -> str:
+    await dist.init_process_group("tcp", "env://", timeout=30)
+    assert _transport().local_peers() == [1 - rank]
+    try:
+        await dist.all_reduce(np.zeros(100_000 if rank == 0 else 200_000, np.float32))
+        return "no error"
+    except dist.CollectiveMismatchError as exc:
+        return str(exc)
+    finally:
+        await dist.destroy_process_group()
+
+
+def test_mismatch_is_caught_over_shared_memory() -> None:
+    """Sizes and fingerprints travel with every shared-memory message, as on TCP."""
+    res = spawn(_mismatch, 2, timeout=60)
+    for msg in res:
+        assert "rank 0" in msg and "rank 1" in msg, msg
+
+
+# -- in one process: both ends' insides in view -----------------------------------------------
+
+
+async def _mesh(n: int, cap: int) -> list[Any]:
+    from aiodist.transport.tcp import TcpTransport
+
+    ts = [TcpTransport(r, n, job="shm-test", secret=b"s") for r in range(n)]
+    for t in ts:
+        t.mailbox.unexpected_cap = cap
+    ports = [await t.listen("127.0.0.1") for t in ts]
+    await asyncio.gather(
+        *(ts[r].connect(p, "127.0.0.1", ports[p], 5.0) for r in range(n) for p in range(r)),
+        *(ts[r].expect(p) for r in range(n) for p in range(r + 1, n)),
+    )
+    await asyncio.gather(*(t.shm_settled() for t in ts))
+    assert all(t.local_peers() for t in ts)
+    return ts
+
+
+def _groups(ts: list[Any]) -> list[Any]:
+    from aiodist.group import ProcessGroup
+
+    return [ProcessGroup(t, range(len(ts)), 0, timeout=30) for t in ts]
+
+
+@pytest.mark.timeout(30)
+async def test_unexpected_messages_never_exceed_the_cap() -> None:
+    cap = 1 << 20
+    ts = await _mesh(2, cap)
+    mb = ts[0].mailbox
+    peak = 0
+    real = mb.deliver
+
+    def spy(*args: Any, **kwargs: Any) -> None:
+        nonlocal peak
+        real(*args, **kwargs)
+        peak = max(peak, mb.unexpected_bytes + ts[0]._incoming)
+
+    mb.deliver = spy
+    try:
+        g0, g1 = _groups(ts)
+        small = [np.full(16 * 1024, i, np.float32) for i in range(40)]  # 40 x 64 KiB eager, tag 1
+        big = np.arange(4 << 20, dtype=np.float32)  # 16 MiB, tag 2: alone more than the cap
+        sends = [g1.send(a, 0, tag=1) for a in small] + [g1.send(big, 0, tag=2)]
+        await asyncio.sleep(0.3)
+        assert mb.unexpected_bytes + ts[0]._incoming <= cap
+        assert ts[0]._shm.capped()  # reading from rank 1 waits, not buffering without bound
+        got_big = np.zeros_like(big)
+        got_small = [np.zeros_like(a) for a in small]
+        recvs = [g0.recv(b, 1, tag=1) for b in got_small]
+        recvs.append(g0.recv(got_big, 1, tag=2))
+        await asyncio.wait_for(asyncio.gather(*recvs, *sends), 10)
+        assert all((a == b).all() for a, b in zip(small, got_small, strict=True))
+        assert (got_big == big).all()
+        assert peak <= cap and mb.unexpected_bytes == 0 and not ts[0]._shm.capped()
+        assert ts[0].shm_bytes[1] >= big.nbytes
+    finally:
+        for t in ts:
+            t.abort()
+
+
+@pytest.mark.timeout(30)
+async def test_timeout_while_waiting_for_room_says_why_and_recovers() -> None:
+    ts = await _mesh(2, 256 * 1024)
+    try:
+        g0, g1 = _groups(ts)
+        blocks = [np.full(8 * 1024, i, np.float64) for i in range(8)]  # 8 x 64 KiB on tag 1
+        s1 = [g1.send(b, 0, tag=1) for b in blocks]
+        s2 = g1.send(np.array([42.0]), 0, tag=2)  # behind them
+        small = np.zeros(1)
+        with pytest.raises(dist.DistTimeoutError, match=r"paused.*AIODIST_UNEXPECTED_CAP"):
+            await g0.recv(small, 1, tag=2, timeout=0.5)
+        for i in range(8):
+            got = np.zeros(8 * 1024)
+            await asyncio.wait_for(g0.recv(got, 1, tag=1), 5)
+            assert (got == i).all()
+        await asyncio.wait_for(g0.recv(small, 1, tag=2), 5)
+        assert small[0] == 42.0
+        await asyncio.gather(*s1, s2)
+    finally:
+        for t in ts:
+            t.abort()
+
+
+def _init_with_bad_switch(rank: int, size: int) -> str:
+    import aiodist.sync as sd
+
+    try:
+        sd.init_process_group("gloo", rank=rank, world_size=size, timeout=30)
+        return "no error"
+    except ValueError as exc:  # (a DistValueError: misuse)
+        return str(exc)
+
+
+def test_a_bad_switch_is_refused_before_the_rendezvous() -> None:
+    t0 = time.monotonic()
+    res = spawn(_init_with_bad_switch, 2, env={"AIODIST_SHM": "maybe"}, timeout=60)
+    assert all("AIODIST_SHM must be 1, 0 or copy, got 'maybe'" in r for r in res), res
+    assert time.monotonic() - t0 < 30  # not at the rendezvous timeout
+
+
+@pytest.mark.timeout(30)
+async def test_a_lost_wakeup_costs_a_moment_never_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader says it polls, so the writer skips the doorbell; the reader stops polling
+    having looked just before the record landed (store-load reordering). The writer's second
+    look rings then: the message arrives a moment late, not never."""
+    monkeypatch.setenv("AIODIST_BUSY_POLL_US", "0")  # nobody polls for real here
+    from aiodist.transport import shm_segment
+
+    if not shm_segment.SKIP_BELLS:
+        pytest.skip("doorbells are never skipped on this machine")
+    ts = await _mesh(2, 1 << 20)
+    try:
+        g0, g1 = _groups(ts)
+        flag = ts[0]._shm.links[1].out.words  # rank 0's "I poll" flag, read by rank 1
+        flag[shm_segment.W_POLLING] = 1
+        got = np.zeros(2)
+        recv = g0.recv(got, 1)
+        bells = ts[1]._shm.bell
+        rung: list[float] = []
+        ts[1]._shm.bell = lambda peer: (rung.append(time.monotonic()), bells(peer))
+        t0 = time.monotonic()
+        await g1.send(np.array([1.0, 2.0]), 0)
+        assert not rung  # skipped: rank 0 "polls"
+        flag[shm_segment.W_POLLING] = 0  # ... and stops without having seen the record
+        await asyncio.wait_for(recv, 5)
+        assert got.tolist() == [1.0, 2.0]
+        assert rung and rung[0] - t0 < 1.0  # rung on the second look, a moment later
+    finally:
+        for t in ts:
+            t.abort()
