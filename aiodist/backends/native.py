@@ -3,8 +3,10 @@
 A tensor's own memory is what the algorithms read and write (``aiodist._tensors.as_array``:
 a flat numpy view of a numpy array or CPU torch tensor; a device tensor is refused with
 ``DeviceTensorError`` unless a ``StagedBackend`` wraps this one). ``algorithm`` is the one
-place that picks the algorithm of a collective: a host-aware or hierarchical selection
-(shared memory on one host, leaders across hosts) plugs in there.
+place that picks the algorithm of a collective: the host-aware forms
+(``aiodist.collectives.hostaware``: direct over shared memory on one host, hierarchical with
+leaders across hosts) where ``select.host_algorithm`` calls for them, the flat dispatchers
+(each picks its variant by size) otherwise.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiodist import _tensors
 from aiodist.backends.base import Array, Binding, Gate, Op, Role, TensorOps
+from aiodist.collectives import hostaware, select
 from aiodist.collectives.allgather import allgather
 from aiodist.collectives.allreduce import allreduce
 from aiodist.collectives.alltoall import alltoall
@@ -32,9 +35,42 @@ if TYPE_CHECKING:
 __all__ = ["NATIVE", "NativeBackend", "algorithm"]
 
 
+def _host_bytes(ctx: OpContext, op: Op) -> int:
+    """The size ``select.host_algorithm`` weighs for ``op`` (-1: an operation with no host-aware form)."""
+    match op.kind:
+        case "barrier":
+            return 0
+        case "broadcast" | "all_reduce" | "reduce":
+            return int(op.outputs[0].nbytes)
+        case "all_gather":
+            return int(op.inputs[0].nbytes)
+        case "reduce_scatter":
+            return int(op.outputs[0].nbytes) * ctx.size
+        case _:
+            return -1
+
+
 def algorithm(ctx: OpContext, op: Op) -> Coroutine[Any, Any, None]:
-    """The algorithm that runs ``op`` on this rank (each picks its variant by size: ``select``)."""
+    """The algorithm that runs ``op`` on this rank: a host-aware form where the group's layout over
+    hosts calls for one (``select.host_algorithm``), else the flat one (which picks its variant by
+    size: ``select``)."""
     out, inp, rop = op.outputs, op.inputs, op.reduce_op or ReduceOp.SUM
+    nbytes = _host_bytes(ctx, op)
+    how = select.host_algorithm(op.kind, nbytes, ctx) if nbytes >= 0 else "flat"
+    if how != "flat":
+        match op.kind:
+            case "barrier":
+                return hostaware.barrier(ctx, how)
+            case "broadcast":
+                return hostaware.broadcast(ctx, out[0], op.root, how)
+            case "all_reduce":
+                return hostaware.allreduce(ctx, out[0], rop, how)
+            case "reduce":
+                return hostaware.reduce(ctx, out[0], rop, op.root, how)
+            case "all_gather":
+                return hostaware.allgather(ctx, list(out), inp[0], how)
+            case "reduce_scatter":
+                return hostaware.reduce_scatter(ctx, out[0], list(inp), rop, how)
     match op.kind:
         case "barrier":
             return barrier(ctx)

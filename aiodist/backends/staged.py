@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from aiodist import _tensors
+from aiodist.arguments import OneDevice
 from aiodist.backends.base import IN, INOUT, OUT, Backend, Binding, Gate, Op, Role, TensorOps
 from aiodist.errors import DistError, DistValueError
 from aiodist.work import Work
@@ -448,18 +449,10 @@ def check_one_device(items: Sequence[tuple[str, Any]]) -> None:
     Raises:
         DistValueError: naming the first two arguments that disagree.
     """
-    first: tuple[str, str] | None = None
+    one = OneDevice()
     for label, obj in items:
-        if not _tensors.is_tensor_like(obj):
-            continue
-        device = _tensors.device_of(obj)
-        if first is None:
-            first = (label, device)
-        elif device != first[1]:
-            raise DistValueError(
-                f"the tensors of one call must be on one device: {first[0]} is on {first[1]} "
-                f"but {label} is on {device}"
-            )
+        if _tensors.is_tensor_like(obj):
+            one.check(label, _tensors.device_of(obj))
 
 
 # -- the staged backend ------------------------------------------------------------------------
@@ -505,25 +498,16 @@ class _StagedBinding:
         self.stager = stager
         self.loop = loop
         self.staged: list[Staged] = []
-        self._device: tuple[str, str] | None = None  # (argument, device) of the first tensor
+        self._device = OneDevice()  # the call's tensors are on one device
 
     def tensor(self, obj: Any, *, arg: str, role: Role, writable: bool) -> Any:
         if _tensors.is_tensor_like(obj):
-            self._one_device(arg, _tensors.device_of(obj))
+            self._device.check(arg, _tensors.device_of(obj))
             if self.stager.wants(obj):
                 s = self.stager.stage(obj, arg=arg, copy_in=role is not OUT, copy_out=role is not IN)
                 self.staged.append(s)
                 obj = s.host
         return self.inner.tensor(obj, arg=arg, role=role, writable=writable)
-
-    def _one_device(self, arg: str, device: str) -> None:
-        if self._device is None:
-            self._device = (arg, device)
-        elif device != self._device[1]:
-            raise DistValueError(
-                f"the tensors of one call must be on one device: {self._device[0]} is on "
-                f"{self._device[1]} but {arg} is on {device}"
-            )
 
     def ready_now(self) -> None:
         self.stager.wait_ready(self.staged)

@@ -23,7 +23,7 @@ from aiodist.collectives import select
 from aiodist.collectives._common import Array, bounds, bv, check_size, copy_into, n_segments, wait_all
 from aiodist.collectives.context import OpContext
 
-__all__ = ["allgather", "bruck_allgather", "ring_allgather"]
+__all__ = ["allgather", "bruck_allgather", "check_allgather", "ring_allgather"]
 
 
 async def allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
@@ -32,20 +32,21 @@ async def allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None
     Blocks may differ in size (every rank must pass the same sizes), then the ring runs.
     """
     n = ctx.size
-    check_size("all_gather output list length", len(blocks), n)
-    check_size("all_gather own block", blocks[ctx.rank].size, inp.size)
+    check_allgather(ctx, blocks, inp)
     equal = all(b.size == inp.size for b in blocks)
     if n == 1:
         copy_into(blocks[0], inp)
         return
-    if (how := select.host_algorithm("all_gather", inp.nbytes, ctx)) != "flat":
-        from aiodist.collectives import hostaware  # (it runs the flat forms within hosts)
-
-        return await hostaware.allgather(ctx, blocks, inp, how)
     if equal and select.allgather_algorithm(inp.nbytes, n) == "bruck":
         await bruck_allgather(ctx, blocks, inp)
     else:
         await ring_allgather(ctx, blocks, inp)
+
+
+def check_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
+    """One output block per rank, ours ``inp``'s size (every form of all_gather checks this)."""
+    check_size("all_gather output list length", len(blocks), ctx.size)
+    check_size("all_gather own block", blocks[ctx.rank].size, inp.size)
 
 
 async def bruck_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:

@@ -50,10 +50,6 @@ async def allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
     """Reduce ``arr`` (flat, writable) across the group in place; every rank gets the result."""
     if ctx.size == 1:
         return
-    if (how := select.host_algorithm("all_reduce", arr.nbytes, ctx)) != "flat":
-        from aiodist.collectives import hostaware  # (it runs the flat forms within hosts)
-
-        return await hostaware.allreduce(ctx, arr, op, how)
     if select.allreduce_algorithm(arr.nbytes, ctx.size) == "ring":
         await ring_allreduce(ctx, arr, op)
     else:

@@ -8,7 +8,6 @@ have arrived. ceil(log2 n) rounds, n messages per round, no root to queue on.
 
 from __future__ import annotations
 
-from aiodist.collectives import select
 from aiodist.collectives.context import OpContext
 
 __all__ = ["barrier"]
@@ -18,10 +17,6 @@ _EMPTY = memoryview(bytearray(0))
 
 async def barrier(ctx: OpContext) -> None:
     n, r = ctx.size, ctx.rank
-    if n > 1 and (how := select.host_algorithm("barrier", 0, ctx)) != "flat":
-        from aiodist.collectives import hostaware  # (it runs the flat forms within hosts)
-
-        return await hostaware.barrier(ctx, how)
     dist = 1
     while dist < n:
         await ctx.sendrecv((r + dist) % n, _EMPTY, (r - dist) % n, memoryview(bytearray(0)))

@@ -25,10 +25,6 @@ async def broadcast(ctx: OpContext, arr: Array, root: int) -> None:
     """Copy group rank ``root``'s ``arr`` into every other rank's ``arr`` (same size everywhere)."""
     if ctx.size == 1:
         return
-    if (how := select.host_algorithm("broadcast", arr.nbytes, ctx)) != "flat":
-        from aiodist.collectives import hostaware  # (it runs the flat forms within hosts)
-
-        return await hostaware.broadcast(ctx, arr, root, how)
     if select.broadcast_algorithm(arr.nbytes, ctx.size) == "chain":
         await chain_broadcast(ctx, arr, root)
     else:

@@ -31,6 +31,7 @@ Where the group's ranks already come host by host this is the flat algorithm its
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -40,6 +41,7 @@ from aiodist.collectives import allgather as _allgather
 from aiodist.collectives import allreduce as _allreduce
 from aiodist.collectives import barrier as _barrier
 from aiodist.collectives import broadcast as _broadcast
+from aiodist.collectives import direct, select
 from aiodist.collectives import gather as _gather
 from aiodist.collectives import reduce as _reduce
 from aiodist.collectives._common import Array, copy_into, finalize, wait_all
@@ -60,6 +62,34 @@ __all__ = [
 ]
 
 _EMPTY = memoryview(b"")
+
+log = logging.getLogger("aiodist")
+
+#: How the log names the pipelined flat algorithms run on the ranks in host order.
+HOST_ORDERED = "host-ordered"
+
+
+def note(ctx: OpContext, what: str, how: str) -> None:
+    """Log at DEBUG level which host-aware form runs ``what`` (see ``aiodist.collectives.hostaware``)."""
+    if log.isEnabledFor(logging.DEBUG):
+        fp = ctx.fp or ["collective", "?"]
+        hosts = ctx.hosts.n_hosts if ctx.hosts is not None else 1
+        where = "on one host" if hosts == 1 else f"over {hosts} hosts"
+        log.debug(
+            "aiodist: rank %d: %s #%s: %s %s %s (%d ranks)",
+            ctx.ranks[ctx.rank], fp[0], fp[1], what, how, where, ctx.size,
+        )  # fmt: skip
+
+
+async def _host_broadcast(local: OpContext, arr: Array, root: int) -> None:
+    """Broadcast among the ranks of one host: the direct form where ``select.host_algorithm``
+    picks it for them (shared memory), the flat one otherwise. (The other phases need no such
+    choice: reduce has no direct form, and the groups of one rank per host are flat.)"""
+    if select.host_algorithm("broadcast", arr.nbytes, local) == "direct":
+        note(local, "broadcast", "direct")
+        await direct.direct_broadcast(local, arr, root)
+    else:
+        await _broadcast.broadcast(local, arr, root)
 
 
 def _hosts(ctx: OpContext) -> HostMap:
@@ -91,7 +121,7 @@ async def hierarchical_allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> No
         await _allreduce.allreduce(ctx.sub(hosts.leaders), arr, step)
         await finalize(op, arr, ctx.size)
     if len(local) > 1:
-        await _broadcast.broadcast(ctx.sub(local), arr, 0)
+        await _host_broadcast(ctx.sub(local), arr, 0)
 
 
 async def hierarchical_broadcast(ctx: OpContext, arr: Array, root: int) -> None:
@@ -102,7 +132,7 @@ async def hierarchical_broadcast(ctx: OpContext, arr: Array, root: int) -> None:
     if ctx.rank == heads[h]:
         await _broadcast.broadcast(ctx.sub(heads), arr, hosts.host_of[root])
     if len(local) > 1:
-        await _broadcast.broadcast(ctx.sub(local), arr, local.index(heads[h]))
+        await _host_broadcast(ctx.sub(local), arr, local.index(heads[h]))
 
 
 async def hierarchical_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> None:
@@ -153,7 +183,7 @@ async def hierarchical_allgather(ctx: OpContext, blocks: Sequence[Array], inp: A
         bundles = [staging[starts[k] : starts[k + 1]] for k in range(hosts.n_hosts)]
         await _allgather.allgather(ctx.sub(hosts.leaders), bundles, bundles[h])
     if len(local) > 1:
-        await _broadcast.broadcast(ctx.sub(local), staging, 0)
+        await _host_broadcast(ctx.sub(local), staging, 0)
     if not in_place:
         for g, b in enumerate(blocks):
             copy_into(b, view(g))

@@ -1,8 +1,8 @@
-"""The host-aware forms of the collectives: which one runs (``select.host_algorithm``), and a note of it.
+"""The host-aware forms of the collectives: which one runs, and a note of it.
 
-The flat dispatchers (``allreduce.allreduce``, ``broadcast.broadcast``, ...) hand an operation
-here when ``select.host_algorithm`` says its group's layout over hosts calls for the direct
-(one host, ``aiodist.collectives.direct``) or the hierarchical (several hosts,
+``aiodist.backends.native.algorithm`` (the one place a collective's algorithm is picked) hands
+an operation here, with the form to run, when ``select.host_algorithm`` says its group's layout
+over hosts calls for the direct (one host, ``aiodist.collectives.direct``) or the hierarchical (several hosts,
 ``aiodist.collectives.hierarchical``) form. Each choice is logged at DEBUG level on the
 ``aiodist`` logger ("hierarchical", "host-ordered" for a large buffer's ring or chain with the
 ranks in host order, "direct"), the phases of a hierarchical operation too ("rank 2: all_reduce #7:
@@ -12,31 +12,18 @@ on one host (2 ranks)"), which is how one sees which path a job took.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 from aiodist.collectives import direct, hierarchical, select
 from aiodist.collectives._common import Array
+from aiodist.collectives.allgather import check_allgather
 from aiodist.collectives.context import OpContext
 from aiodist.ops import ReduceOp
 
 __all__ = ["allgather", "allreduce", "barrier", "broadcast", "reduce", "reduce_scatter"]
 
-log = logging.getLogger("aiodist")
-
-#: How the log names the pipelined flat algorithms run on the ranks in host order.
-HOST_ORDERED = "host-ordered"
-
-
-def _note(ctx: OpContext, what: str, how: str) -> None:
-    if log.isEnabledFor(logging.DEBUG):
-        fp = ctx.fp or ["collective", "?"]
-        hosts = ctx.hosts.n_hosts if ctx.hosts is not None else 1
-        where = "on one host" if hosts == 1 else f"over {hosts} hosts"
-        log.debug(
-            "aiodist: rank %d: %s #%s: %s %s %s (%d ranks)",
-            ctx.ranks[ctx.rank], fp[0], fp[1], what, how, where, ctx.size,
-        )  # fmt: skip
+HOST_ORDERED = hierarchical.HOST_ORDERED
+_note = hierarchical.note
 
 
 async def allreduce(ctx: OpContext, arr: Array, op: ReduceOp, how: str) -> None:
@@ -64,6 +51,7 @@ async def broadcast(ctx: OpContext, arr: Array, root: int, how: str) -> None:
 
 
 async def allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array, how: str) -> None:
+    check_allgather(ctx, blocks, inp)
     if how == "direct":
         _note(ctx, "all_gather", how)
         await direct.direct_allgather(ctx, blocks, inp)

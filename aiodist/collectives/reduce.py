@@ -46,10 +46,6 @@ async def reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> None:
     """Reduce every rank's ``arr`` into the root's ``arr`` (only the root's is written)."""
     if ctx.size == 1:
         return
-    if (how := select.host_algorithm("reduce", arr.nbytes, ctx)) != "flat":
-        from aiodist.collectives import hostaware  # (it runs the flat forms within hosts)
-
-        return await hostaware.reduce(ctx, arr, op, root, how)
     if select.reduce_algorithm(arr.nbytes, ctx.size) == "chain":
         await chain_reduce(ctx, arr, op, root)
     else:

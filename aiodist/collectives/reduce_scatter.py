@@ -53,10 +53,6 @@ async def reduce_scatter(ctx: OpContext, out: Array, blocks: Sequence[Array], op
         copy_into(out, blocks[0])
         await finalize(op, out, 1)
         return
-    if (how := select.host_algorithm("reduce_scatter", out.nbytes * n, ctx)) != "flat":
-        from aiodist.collectives import hostaware  # (it runs the flat forms within hosts)
-
-        return await hostaware.reduce_scatter(ctx, out, blocks, op, how)
     if select.reduce_scatter_algorithm(out.nbytes, n) == "ring":
         await ring_reduce_scatter(ctx, out, blocks, op)
     else:

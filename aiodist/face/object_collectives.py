@@ -24,9 +24,9 @@ import msgpack
 import numpy as np
 
 from aiodist import _tensors
-from aiodist.collectives._common import bv
-from aiodist.collectives.allgather import allgather as _allgather
-from aiodist.collectives.broadcast import broadcast as _broadcast
+from aiodist.backends.base import Op
+from aiodist.backends.native import algorithm
+from aiodist.collectives._common import Array, bv
 from aiodist.collectives.gather import gather as _gather
 from aiodist.collectives.gather import scatter as _scatter
 from aiodist.errors import DistError, DistTypeError, DistValueError
@@ -47,6 +47,16 @@ __all__ = [
     "scatter_object_list",
     "send_object_list",
 ]
+
+
+# (through the native backend's ``algorithm``: host-aware where the group's layout calls for it)
+def _broadcast(ctx: Any, arr: Array, root: int) -> Any:
+    return algorithm(ctx, Op("broadcast", outputs=(arr,), root=root))
+
+
+def _allgather(ctx: Any, blocks: list[Array], inp: Array) -> Any:
+    return algorithm(ctx, Op("all_gather", outputs=tuple(blocks), inputs=(inp,)))
+
 
 _MSGPACK = 0x4D  # "M"
 _PICKLE = 0x50  # "P"

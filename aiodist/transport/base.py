@@ -658,5 +658,10 @@ class Transport(ABC):
         return peer in self.local_peers()
 
     def host_of(self, peer: int) -> str | None:
-        """``peer``'s host identity (``aiodist.runtime.host.host_id`` there), if known."""
-        return None
+        """``peer``'s host identity (``aiodist.runtime.host.host_id`` there), if known.
+
+        A view of ``host_keys``, the one host map (agreed at rendezvous, equal on every rank):
+        None before the rendezvous, or where the transport knows no hosts.
+        """
+        keys = self.host_keys
+        return keys[peer] if keys is not None else None

@@ -151,7 +151,6 @@ class _Link:
     def __init__(self, paths: ShmPaths, peer: int) -> None:
         self.paths = paths
         self.peer = peer
-        self.host = ""  # the peer's host identity (from its hello)
         self.peer_pid = 0  # the process whose memory single-copy reads may read (from its offer)
         self.out_state = _PENDING
         self.in_state = _PENDING
@@ -575,10 +574,6 @@ class ShmPaths:
         """Peers whose data messages to this rank, and this rank's to them, go through shared memory."""
         return sorted(p for p, link in self.links.items() if link.out_state == _ON and link.in_state == _ON)
 
-    def host_of(self, peer: int) -> str | None:
-        link = self.links.get(peer)
-        return link.host if link is not None and link.host else None
-
     # -- setup -----------------------------------------------------------------------------
     def expect(self, peers: list[int]) -> None:
         """The peers whose setup ``settled`` waits for."""
@@ -613,7 +608,6 @@ class ShmPaths:
             link.drain()
 
     def _hello(self, link: _Link, hello: ShmHello) -> None:
-        link.host = hello.host
         if not (self.enabled and hello.enabled and hello.host == self.host):
             link.out_state = link.in_state = _OFF
             self._check_settled()

@@ -561,9 +561,6 @@ class TcpTransport(Transport):
     def local_peers(self) -> list[int]:
         return self._shm.local_peers()
 
-    def host_of(self, peer: int) -> str | None:
-        return self._shm.host_of(peer)
-
     @property
     def host_id(self) -> str:
         """This rank's host identity (``aiodist.runtime.host.host_id``)."""
