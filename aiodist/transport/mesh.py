@@ -16,6 +16,7 @@ The store protocol (all keys under the job's prefix)::
     hosts                 every rank's host id (from the claimants' identities) and whether it reaches
                           every other rank of its host through shared memory (JSON), set by rank 0
                           from the keys above: the one host map all ranks use
+    hosts/read/<rank>     <rank> has read the host map (rank 0 waits for every one before it returns)
 
 Which prefix an init uses in the store (``namespace``)::
 
@@ -484,9 +485,15 @@ async def _agree_hosts(
             for r in range(world_size)
         ]
         await store.set("hosts", json.dumps({"keys": keys, "shm": shm}))
+        # Rank 0 hosts the store in most jobs: it must not return (and maybe finish its job and
+        # shut the store down) while a peer has yet to read the map, or that peer's init fails.
+        read = [f"hosts/read/{r}" for r in range(1, world_size)]
+        await _wait(store, read, deadline, "not every rank read the host map", seen)
     else:
         await _wait(store, ["hosts"], deadline, "rank 0 did not publish the host map", seen)
     agreed = json.loads(await store.get("hosts"))
+    if rank != 0:
+        await store.set(f"hosts/read/{rank}", "1")
     keys, shm = agreed.get("keys"), agreed.get("shm")
     if not isinstance(keys, list) or not isinstance(shm, list) or len(keys) != world_size:
         raise DistValueError("rendezvous failed: rank 0 published a host map of another job")
