@@ -1,6 +1,7 @@
 """Imports only point down: no module of aiodist imports one from a layer above its own.
 
-The table below is the layering (lowest first); docs/internals.md shows it to readers. A module
+The table below is the layering (lowest first); the README shows it to readers ("Layout and
+layers", checked against this one below). A module
 belongs to the layer of the longest prefix naming it. Modules of one layer may import each other.
 Every import counts, including those inside functions and under ``TYPE_CHECKING``: a lazy import
 hides a dependency, it does not remove it.
@@ -15,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "aiodist"
 
-# Lowest first. Keep docs/internals.md ("Layers") in step with this table.
+# Lowest first. The README's table ("Layout and layers") must name the same modules per layer.
 LAYERS: list[tuple[str, ...]] = [
     ("aiodist.errors",),
     ("aiodist.ops", "aiodist.wire", "aiodist.runtime"),
@@ -110,3 +111,22 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
 def test_every_module_has_a_layer() -> None:
     for module in MODULES:
         layer_of(module)
+
+
+def _readme_layers() -> list[set[str]]:
+    """The modules each row of the README's layer table names, lowest layer first."""
+    text = (ROOT.parent / "README.md").read_text(encoding="utf-8")
+    table = text[text.index("| layer | modules | what it may use |") :].split("\n\n", 1)[0]
+    rows = []
+    for line in table.splitlines()[2:]:
+        cells = line.split("|")
+        names = set()
+        for token in cells[2].split("`")[1::2]:
+            name = token.rstrip("/").replace("/", ".")
+            names.add("aiodist" if token == "aiodist" else f"aiodist.{name}")
+        rows.append(names)
+    return rows
+
+
+def test_the_readme_table_is_this_table() -> None:
+    assert _readme_layers() == [set(layer) for layer in LAYERS]
