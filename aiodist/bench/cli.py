@@ -156,7 +156,7 @@ def run_job(
         say(f"# mpi: not measured in this job: {mpi['error']}")
     for p in procs:
         p.start()
-    pending: dict[tuple[str, str, int], dict[int, Any]] = {}
+    per_rank = report.RankReports(n)
     mem: dict[str, dict[int, int]] = {}
     done: set[int] = set()
     header_for: str | None = None
@@ -193,13 +193,10 @@ def run_job(
                     say(report.format_memory(job["memory"], nbytes))
                     step("memory probe")
             elif kind in ("case", "latency"):
-                _, rank, op, nbytes, count, data = item
-                slot = pending.setdefault((kind, op, nbytes), {})
-                slot[rank] = (count, data)
-                if len(slot) < n:
+                _, _, op, nbytes = item[:4]
+                if (complete := per_rank.add(item)) is None:
                     continue
-                del pending[(kind, op, nbytes)]
-                reports = [slot[r][1] for r in range(n)]
+                count, reports = complete
                 if kind == "latency":
                     lrow = report.latency_row(op, nbytes, n, reports)
                     if mpi and op in mpi["latency"]:
@@ -211,7 +208,7 @@ def run_job(
                         say(report.format_latency(job["latency"], impls))
                     step(lrow["case"])
                     continue
-                row = report.aggregate(op, nbytes, slot[0][0], n, reports)
+                row = report.aggregate(op, nbytes, count, n, reports)
                 if mpi and (op, nbytes) in mpi["rows"]:
                     row["impls"]["mpi"] = mpi["rows"][(op, nbytes)]
                     report.add_ratios(row)

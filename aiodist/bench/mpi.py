@@ -222,7 +222,7 @@ def _collect(
     started = time.monotonic()
     ready: set[int] = set()
     done: set[int] = set()
-    pending: dict[tuple[str, str, int], dict[int, Any]] = {}
+    per_rank = report.RankReports(n)
     memory: dict[int, int] = {}
     buf = b""
     with open(results, "rb") as f:
@@ -272,17 +272,14 @@ def _collect(
                         if step is not None:
                             step("mpi memory probe")
                 elif kind in ("case", "latency"):
-                    _, rank, op, nbytes, count, data = item
-                    slot = pending.setdefault((kind, op, nbytes), {})
-                    slot[rank] = (count, data)
-                    if len(slot) < n:
+                    _, _, op, nbytes = item[:4]
+                    if (complete := per_rank.add(item)) is None:
                         continue
-                    del pending[(kind, op, nbytes)]
-                    reports = [slot[r][1] for r in range(n)]
+                    count, reports = complete
                     if kind == "latency":
                         result["latency"][op] = report.latency_row(op, nbytes, n, reports)["impls"]["mpi"]
                     else:
-                        row = report.aggregate(op, nbytes, slot[0][0], n, reports)
+                        row = report.aggregate(op, nbytes, count, n, reports)
                         result["rows"][(op, nbytes)] = row["impls"]["mpi"]
                     if step is not None:
                         step(f"mpi {op} {nbytes} B")

@@ -10,6 +10,7 @@ from aiodist.bench import cases
 from aiodist.bench.worker import STREAM_BURST
 
 __all__ = [
+    "RankReports",
     "Result",
     "add_latency_ratios",
     "add_ratios",
@@ -29,6 +30,26 @@ __all__ = [
 Result = dict[str, Any]
 _GB = 1e9
 MiB = 1 << 20
+
+
+class RankReports:
+    """Collects each rank's report of a case (or latency row) until every one of the ``n`` ranks
+    has sent its own: the aiodist jobs and the MPI peer read their ranks' results the same way."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._pending: dict[tuple[str, str, int], dict[int, tuple[int, dict[str, Any]]]] = {}
+
+    def add(self, item: Sequence[Any]) -> tuple[int, list[dict[str, Any]]] | None:
+        """Take ``(kind, rank, op, nbytes, count, report)``; the case's element count and the
+        reports in rank order once the last rank's came, else None."""
+        kind, rank, op, nbytes, count, data = item
+        slot = self._pending.setdefault((kind, op, nbytes), {})
+        slot[rank] = (count, data)
+        if len(slot) < self.n:
+            return None
+        del self._pending[(kind, op, nbytes)]
+        return slot[0][0], [slot[r][1] for r in range(self.n)]
 
 
 def _median_of_slowest(per_rank: Sequence[Sequence[float]]) -> tuple[float, list[float]]:
