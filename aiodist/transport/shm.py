@@ -29,6 +29,7 @@ polling just as the record landed (store-load reordering), and then gets its doo
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import logging
 import os
@@ -437,10 +438,14 @@ class _Link:
                 if end < n:
                     await asyncio.sleep(0)  # keep the loop responsive during a big read
         except OSError as exc:
-            why = "the process is gone" if exc.errno == 3 else exc.strerror
-            err = DistNetworkError(
-                f"rank {paths.rank} could not read rank {self.peer}'s message from its memory ({why})"
-            )
+            if exc.errno == errno.ESRCH:  # the same fault as a connection lost mid-frame: say it alike
+                what = (
+                    f"rank {self.peer} died without saying goodbye while rank {paths.rank} was reading its "
+                    "message from its memory: the process is gone (killed or crashed)"
+                )
+            else:
+                what = f"rank {paths.rank} could not read rank {self.peer}'s message from its memory ({exc.strerror})"
+            err = DistNetworkError(what)
             if recv is not None and not recv.future.done():
                 recv.future.set_exception(err)
                 recv.future.exception()
