@@ -24,6 +24,7 @@ import msgpack
 import numpy as np
 
 from aiodist import _tensors
+from aiodist._docs import ASYNC_OBJECTS, contract
 from aiodist.backends.base import Op
 from aiodist.backends.native import algorithm
 from aiodist.collectives._common import Array, bv
@@ -242,6 +243,7 @@ def _start(g: ProcessGroup, name: str, count: int, root: int, coro_fn: Any, time
 # -- collectives ----------------------------------------------------------------------------
 
 
+@contract(ASYNC_OBJECTS)
 def broadcast_object_list(
     object_list: list[Any], src: int = 0, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -254,18 +256,6 @@ def broadcast_object_list(
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
-    Objects are pickled: receive them only from ranks you trust.
     """
     g = _member(group, "broadcast_object_list")
     objs = _list_arg(object_list, "object_list")
@@ -289,6 +279,7 @@ def broadcast_object_list(
     return _start(g, what, len(objs), src, run, timeout)
 
 
+@contract(ASYNC_OBJECTS)
 def all_gather_object(
     object_list: list[Any], obj: Any, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -301,18 +292,6 @@ def all_gather_object(
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
-    Objects are pickled: receive them only from ranks you trust.
     """
     g = _member(group, "all_gather_object")
     out = _list_arg(object_list, "object_list")
@@ -338,6 +317,7 @@ def all_gather_object(
     return _start(g, what, g.size, -1, run, timeout)
 
 
+@contract(ASYNC_OBJECTS)
 def gather_object(
     obj: Any,
     object_gather_list: list[Any] | None = None,
@@ -356,18 +336,6 @@ def gather_object(
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
-    Objects are pickled: receive them only from ranks you trust.
     """
     g = _member(group, "gather_object")
     root = g.group_rank(dst, "dst")
@@ -404,6 +372,7 @@ def gather_object(
     return _start(g, what, 0, dst, run, timeout)
 
 
+@contract(ASYNC_OBJECTS)
 def scatter_object_list(
     scatter_object_output_list: list[Any],
     scatter_object_input_list: list[Any] | None = None,
@@ -422,18 +391,6 @@ def scatter_object_list(
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
-    Objects are pickled: receive them only from ranks you trust.
     """
     g = _member(group, "scatter_object_list")
     root = g.group_rank(src, "src")
@@ -478,6 +435,7 @@ def scatter_object_list(
 # -- point-to-point -----------------------------------------------------------------------------
 
 
+@contract(ASYNC_OBJECTS)
 def send_object_list(
     object_list: list[Any], dst: int, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -491,18 +449,6 @@ def send_object_list(
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
-    Objects are pickled: receive them only from ranks you trust.
     """
     g = resolve_group(group)
     objs = _list_arg(object_list, "object_list")
@@ -517,6 +463,7 @@ def send_object_list(
     return g.start(f"send_object_list to rank {dst}", (g.gid, P2P, DATA_TAG), run(), timeout)
 
 
+@contract(ASYNC_OBJECTS)
 def recv_object_list(
     object_list: list[Any], src: int | None = None, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -531,18 +478,6 @@ def recv_object_list(
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is
         the sender's global rank.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
-    Objects are pickled: receive them only from ranks you trust.
     """
     g = resolve_group(group)
     objs = _list_arg(object_list, "object_list")

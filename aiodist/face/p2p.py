@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from aiodist._docs import ASYNC_COLLECTIVE, ASYNC_P2P, contract
 from aiodist.errors import DistTypeError, DistValueError
 from aiodist.face.world import resolve_group
 from aiodist.work import Work
@@ -17,6 +18,7 @@ from aiodist.work import Work
 __all__ = ["P2POp", "barrier", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
 
 
+@contract(ASYNC_P2P)
 def send(tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: float | None = None) -> Work:
     """Send ``tensor`` to global rank ``dst``.
 
@@ -31,21 +33,11 @@ def send(tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: flo
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded; point-to-point operations
-    never put a group out of step). A lost member breaks every group holding it:
-    destroy_process_group, then init again.
     """
     return resolve_group(group).send(tensor, dst, tag, timeout)
 
 
+@contract(ASYNC_P2P)
 def recv(
     tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, *, timeout: float | None = None
 ) -> Work:
@@ -62,21 +54,11 @@ def recv(
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is
         the sender's global rank.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded; point-to-point operations
-    never put a group out of step). A lost member breaks every group holding it:
-    destroy_process_group, then init again.
     """
     return resolve_group(group).recv(tensor, src, tag, timeout)
 
 
+@contract(ASYNC_P2P)
 def isend(tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: float | None = None) -> Work:
     """Same as ``send`` (every operation of the async face is non-blocking).
 
@@ -86,21 +68,11 @@ def isend(tensor: Any, dst: int, group: Any = None, tag: int = 0, *, timeout: fl
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded; point-to-point operations
-    never put a group out of step). A lost member breaks every group holding it:
-    destroy_process_group, then init again.
     """
     return resolve_group(group).send(tensor, dst, tag, timeout)
 
 
+@contract(ASYNC_P2P)
 def irecv(
     tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, *, timeout: float | None = None
 ) -> Work:
@@ -113,17 +85,6 @@ def irecv(
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is
         the sender's global rank.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded; point-to-point operations
-    never put a group out of step). A lost member breaks every group holding it:
-    destroy_process_group, then init again.
     """
     return resolve_group(group).recv(tensor, src, tag, timeout)
 
@@ -188,6 +149,7 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
     return works
 
 
+@contract(ASYNC_COLLECTIVE)
 def barrier(group: Any = None, *, timeout: float | None = None) -> Work:
     """Complete once every member of ``group`` has entered the barrier.
 
@@ -196,16 +158,5 @@ def barrier(group: Any = None, *, timeout: float | None = None) -> Work:
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
     """
     return resolve_group(group).barrier(timeout)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from aiodist._docs import ASYNC_COLLECTIVE, async_collective, contract
 from aiodist.face.world import resolve_group
 from aiodist.ops import ReduceOp
 from aiodist.work import Work
@@ -33,6 +34,9 @@ __all__ = [
 ]
 
 
+@contract(
+    async_collective("On a receiving rank a read-only tensor, or ``src`` not a member, is refused here.")
+)
 def broadcast(tensor: Any, src: int, group: Any = None, *, timeout: float | None = None) -> Work:
     """Copy global rank ``src``'s ``tensor`` into ``tensor`` on every member of ``group``.
 
@@ -43,22 +47,15 @@ def broadcast(tensor: Any, src: int, group: Any = None, *, timeout: float | None
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-            On a receiving rank a read-only tensor, or ``src`` not a member, is refused here.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
     """
     return resolve_group(group).broadcast(tensor, src, timeout)
 
 
+@contract(
+    async_collective(
+        "An op that makes no sense for the dtype (BXOR on floats, MIN on complex) is a DistTypeError."
+    )
+)
 def all_reduce(
     tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -71,22 +68,11 @@ def all_reduce(
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-            An op that makes no sense for the dtype (BXOR on floats, MIN on complex) is a DistTypeError.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
     """
     return resolve_group(group).all_reduce(tensor, op, timeout)
 
 
+@contract(ASYNC_COLLECTIVE)
 def reduce(
     tensor: Any, dst: int, op: Any = ReduceOp.SUM, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -100,21 +86,11 @@ def reduce(
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
     """
     return resolve_group(group).reduce(tensor, dst, op, timeout)
 
 
+@contract(ASYNC_COLLECTIVE)
 def all_gather(tensor_list: Any, tensor: Any, group: Any = None, *, timeout: float | None = None) -> Work:
     """``tensor_list[i]`` = group rank i's ``tensor``, on every member.
 
@@ -125,21 +101,11 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None, *, timeout: flo
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
     """
     return resolve_group(group).all_gather(tensor_list, tensor, timeout)
 
 
+@contract(ASYNC_COLLECTIVE)
 def all_gather_into_tensor(
     output_tensor: Any, input_tensor: Any, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -152,17 +118,6 @@ def all_gather_into_tensor(
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
     """
     return resolve_group(group).all_gather_into_tensor(output_tensor, input_tensor, timeout)
 
@@ -170,6 +125,7 @@ def all_gather_into_tensor(
 all_gather_single = all_gather_into_tensor
 
 
+@contract(ASYNC_COLLECTIVE)
 def gather(
     tensor: Any, gather_list: Any = None, dst: int = 0, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -185,21 +141,11 @@ def gather(
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
     """
     return resolve_group(group).gather(tensor, gather_list, dst, timeout)
 
 
+@contract(ASYNC_COLLECTIVE)
 def scatter(
     tensor: Any, scatter_list: Any = None, src: int = 0, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -215,21 +161,11 @@ def scatter(
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
     """
     return resolve_group(group).scatter(tensor, scatter_list, src, timeout)
 
 
+@contract(ASYNC_COLLECTIVE)
 def reduce_scatter(
     output: Any, input_list: Any, op: Any = ReduceOp.SUM, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -243,21 +179,11 @@ def reduce_scatter(
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
     """
     return resolve_group(group).reduce_scatter(output, input_list, op, timeout)
 
 
+@contract(ASYNC_COLLECTIVE)
 def reduce_scatter_tensor(
     output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -271,17 +197,6 @@ def reduce_scatter_tensor(
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
     """
     return resolve_group(group).reduce_scatter_tensor(output, input, op, timeout)
 
@@ -289,6 +204,7 @@ def reduce_scatter_tensor(
 reduce_scatter_single = reduce_scatter_tensor
 
 
+@contract(ASYNC_COLLECTIVE)
 def all_to_all(
     output_tensor_list: Any, input_tensor_list: Any, group: Any = None, *, timeout: float | None = None
 ) -> Work:
@@ -301,21 +217,11 @@ def all_to_all(
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
     """
     return resolve_group(group).all_to_all(output_tensor_list, input_tensor_list, timeout)
 
 
+@contract(ASYNC_COLLECTIVE)
 def all_to_all_single(
     output: Any,
     input: Any,
@@ -338,17 +244,6 @@ def all_to_all_single(
         timeout: seconds for this operation instead of the group's timeout.
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised here at the call, before anything is sent.
-        DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the
-            timeout ran out (naming the ranks that did not arrive), a member was lost, or members
-            called different operations or with different sizes, dtypes or roots.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data, and
-    the group goes on (stale messages of the operation are discarded), unless the ranks
-    disagree about which operations ran: then it is out of step until ``resync``. A lost member
-    breaks every group holding it: destroy_process_group, then init again.
     """
     return resolve_group(group).all_to_all_single(
         output, input, output_split_sizes, input_split_sizes, timeout

@@ -10,6 +10,7 @@ from typing import Any
 
 import aiodist.face.object_collectives as _o
 import aiodist.face.tensor_collectives as _c
+from aiodist._docs import SYNC_COLLECTIVE, SYNC_OBJECTS, contract, sync_collective
 from aiodist.errors import DistTypeError
 from aiodist.ops import ReduceOp
 from aiodist.sync._bridge import call
@@ -45,6 +46,7 @@ __all__ = [
 
 
 @torch_op(root="src")
+@contract(SYNC_COLLECTIVE)
 def broadcast(
     tensor: Any,
     src: int | None = None,
@@ -61,24 +63,12 @@ def broadcast(
         async_op: return a Work at once instead of blocking.
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
-            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
-            different operations, or with different sizes, dtypes or roots.
-            With ``async_op=True`` these are raised by the Work's ``wait()``.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on, unless the ranks disagree about which operations ran (then it is out of step
-    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
-    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
-    warning, and None is returned.
     """
     return run_op("broadcast", lambda t: _c.broadcast(t, resolved(src), group), async_op, tensor)  # type: ignore[no-any-return]
 
 
 @torch_op()
+@contract(SYNC_COLLECTIVE)
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
     """Reduce ``tensor`` element-wise across ``group``, in place; every member gets identical bytes.
 
@@ -89,19 +79,6 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
         async_op: return a Work at once instead of blocking.
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
-            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
-            different operations, or with different sizes, dtypes or roots.
-            With ``async_op=True`` these are raised by the Work's ``wait()``.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on, unless the ranks disagree about which operations ran (then it is out of step
-    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
-    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
-    warning, and None is returned.
     """
     if op is not ReduceOp.SUM:
         check_complex_op("all_reduce", op, [tensor])
@@ -114,6 +91,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
 
 
 @torch_op(root="dst")
+@contract(SYNC_COLLECTIVE)
 def reduce(
     tensor: Any,
     dst: int | None = None,
@@ -132,24 +110,12 @@ def reduce(
         async_op: return a Work at once instead of blocking.
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
-            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
-            different operations, or with different sizes, dtypes or roots.
-            With ``async_op=True`` these are raised by the Work's ``wait()``.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on, unless the ranks disagree about which operations ran (then it is out of step
-    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
-    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
-    warning, and None is returned.
     """
     return run_op("reduce", lambda t: _c.reduce(t, resolved(dst), op, group), async_op, tensor)  # type: ignore[no-any-return]
 
 
 @torch_op()
+@contract(SYNC_COLLECTIVE)
 def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
     """``tensor_list[i]`` = the ``tensor`` of group rank ``i``, on every member.
 
@@ -160,24 +126,12 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool 
         async_op: return a Work at once instead of blocking.
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
-            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
-            different operations, or with different sizes, dtypes or roots.
-            With ``async_op=True`` these are raised by the Work's ``wait()``.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on, unless the ranks disagree about which operations ran (then it is out of step
-    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
-    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
-    warning, and None is returned.
     """
     return run_out_in("all_gather", lambda o, i: _c.all_gather(o, i, group), async_op, tensor_list, tensor)
 
 
 @torch_op()
+@contract(SYNC_COLLECTIVE)
 def all_gather_into_tensor(
     output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False
 ) -> Work | None:
@@ -190,19 +144,6 @@ def all_gather_into_tensor(
         async_op: return a Work at once instead of blocking.
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
-            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
-            different operations, or with different sizes, dtypes or roots.
-            With ``async_op=True`` these are raised by the Work's ``wait()``.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on, unless the ranks disagree about which operations ran (then it is out of step
-    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
-    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
-    warning, and None is returned.
     """
     return run_out_in(
         "_allgather_base",
@@ -218,6 +159,7 @@ _all_gather_base = all_gather_into_tensor
 
 
 @torch_op(root="dst", root_default=0)
+@contract(SYNC_COLLECTIVE)
 def gather(
     tensor: Any,
     gather_list: Any = None,
@@ -236,19 +178,6 @@ def gather(
         async_op: return a Work at once instead of blocking.
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
-            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
-            different operations, or with different sizes, dtypes or roots.
-            With ``async_op=True`` these are raised by the Work's ``wait()``.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on, unless the ranks disagree about which operations ran (then it is out of step
-    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
-    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
-    warning, and None is returned.
     """
     return run_op(  # type: ignore[no-any-return]
         "gather", lambda t, o: _c.gather(t, o, resolved(dst), group), async_op, tensor, gather_list, inputs=0
@@ -256,6 +185,7 @@ def gather(
 
 
 @torch_op(root="src", root_default=0)
+@contract(SYNC_COLLECTIVE)
 def scatter(
     tensor: Any,
     scatter_list: Any = None,
@@ -274,19 +204,6 @@ def scatter(
         async_op: return a Work at once instead of blocking.
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
-            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
-            different operations, or with different sizes, dtypes or roots.
-            With ``async_op=True`` these are raised by the Work's ``wait()``.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on, unless the ranks disagree about which operations ran (then it is out of step
-    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
-    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
-    warning, and None is returned.
     """
     return run_out_in(
         "scatter", lambda t, i: _c.scatter(t, i, resolved(src), group), async_op, tensor, scatter_list
@@ -294,6 +211,7 @@ def scatter(
 
 
 @torch_op()
+@contract(SYNC_COLLECTIVE)
 def reduce_scatter(
     output: Any, input_list: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
 ) -> Work | None:
@@ -307,19 +225,6 @@ def reduce_scatter(
         async_op: return a Work at once instead of blocking.
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
-            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
-            different operations, or with different sizes, dtypes or roots.
-            With ``async_op=True`` these are raised by the Work's ``wait()``.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on, unless the ranks disagree about which operations ran (then it is out of step
-    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
-    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
-    warning, and None is returned.
     """
     return run_out_in(
         "reduce_scatter", lambda o, i: _c.reduce_scatter(o, i, op, group), async_op, output, input_list
@@ -327,6 +232,7 @@ def reduce_scatter(
 
 
 @torch_op()
+@contract(SYNC_COLLECTIVE)
 def reduce_scatter_tensor(
     output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
 ) -> Work | None:
@@ -340,19 +246,6 @@ def reduce_scatter_tensor(
         async_op: return a Work at once instead of blocking.
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
-            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
-            different operations, or with different sizes, dtypes or roots.
-            With ``async_op=True`` these are raised by the Work's ``wait()``.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on, unless the ranks disagree about which operations ran (then it is out of step
-    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
-    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
-    warning, and None is returned.
     """
     return run_out_in(
         "_reduce_scatter_base",
@@ -368,6 +261,7 @@ _reduce_scatter_base = reduce_scatter_tensor
 
 
 @torch_op()
+@contract(SYNC_COLLECTIVE)
 def all_to_all(
     output_tensor_list: Any, input_tensor_list: Any, group: Any = None, async_op: bool = False
 ) -> Work | None:
@@ -380,19 +274,6 @@ def all_to_all(
         async_op: return a Work at once instead of blocking.
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
-            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
-            different operations, or with different sizes, dtypes or roots.
-            With ``async_op=True`` these are raised by the Work's ``wait()``.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on, unless the ranks disagree about which operations ran (then it is out of step
-    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
-    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
-    warning, and None is returned.
     """
     return run_out_in(
         "all_to_all", lambda o, i: _c.all_to_all(o, i, group), async_op, output_tensor_list, input_tensor_list
@@ -400,6 +281,7 @@ def all_to_all(
 
 
 @torch_op()
+@contract(SYNC_COLLECTIVE)
 def all_to_all_single(
     output: Any,
     input: Any,
@@ -420,19 +302,6 @@ def all_to_all_single(
         async_op: return a Work at once instead of blocking.
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
-            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
-            different operations, or with different sizes, dtypes or roots.
-            With ``async_op=True`` these are raised by the Work's ``wait()``.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on, unless the ranks disagree about which operations ran (then it is out of step
-    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
-    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
-    warning, and None is returned.
     """
     return run_out_in(
         "alltoall_base",
@@ -447,6 +316,7 @@ def all_to_all_single(
 
 
 @torch_op(root="src", root_default=0)
+@contract(SYNC_OBJECTS)
 def broadcast_object_list(
     object_list: list[Any],
     src: int | None = None,
@@ -463,24 +333,12 @@ def broadcast_object_list(
         device: accepted for torch's signature; objects travel on aiodist's own transport.
     Returns:
         None once done (object collectives always block, as in torch).
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
-            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
-            different operations, or with different sizes, dtypes or roots.
-            Objects are pickled: receive them only from ranks you trust.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on, unless the ranks disagree about which operations ran (then it is out of step
-    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
-    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
-    warning, and None is returned.
     """
     call(lambda: _o.broadcast_object_list(object_list, resolved(src), group), False)
 
 
 @torch_op()
+@contract(SYNC_OBJECTS)
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
     """``object_list[i]`` = the ``obj`` of group rank ``i`` (picklable), on every member.
 
@@ -490,24 +348,12 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
         group: the group (default: the world).
     Returns:
         None once done (object collectives always block, as in torch).
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
-            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
-            different operations, or with different sizes, dtypes or roots.
-            Objects are pickled: receive them only from ranks you trust.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on, unless the ranks disagree about which operations ran (then it is out of step
-    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
-    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
-    warning, and None is returned.
     """
     call(lambda: _o.all_gather_object(object_list, obj, group), False)
 
 
 @torch_op(root="dst", root_default=0)
+@contract(SYNC_OBJECTS)
 def gather_object(
     obj: Any,
     object_gather_list: list[Any] | None = None,
@@ -524,24 +370,12 @@ def gather_object(
         group: the group (default: the world).
     Returns:
         None once done (object collectives always block, as in torch).
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
-            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
-            different operations, or with different sizes, dtypes or roots.
-            Objects are pickled: receive them only from ranks you trust.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on, unless the ranks disagree about which operations ran (then it is out of step
-    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
-    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
-    warning, and None is returned.
     """
     call(lambda: _o.gather_object(obj, object_gather_list, resolved(dst), group), False)
 
 
 @torch_op(root="src", root_default=0)
+@contract(SYNC_OBJECTS)
 def scatter_object_list(
     scatter_object_output_list: list[Any],
     scatter_object_input_list: list[Any] | None = None,
@@ -559,19 +393,6 @@ def scatter_object_list(
         group: the group (default: the world).
     Returns:
         None once done (object collectives always block, as in torch).
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
-            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
-            different operations, or with different sizes, dtypes or roots.
-            Objects are pickled: receive them only from ranks you trust.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on, unless the ranks disagree about which operations ran (then it is out of step
-    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
-    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
-    warning, and None is returned.
     """
     call(
         lambda: _o.scatter_object_list(
@@ -582,6 +403,7 @@ def scatter_object_list(
 
 
 @torch_op(root="dst")
+@contract(SYNC_OBJECTS)
 def send_object_list(
     object_list: list[Any],
     dst: int | None = None,
@@ -600,24 +422,12 @@ def send_object_list(
         use_batch: accepted for torch's signature.
     Returns:
         None once done (object collectives always block, as in torch).
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
-            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
-            different operations, or with different sizes, dtypes or roots.
-            Objects are pickled: receive them only from ranks you trust.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on, unless the ranks disagree about which operations ran (then it is out of step
-    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
-    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
-    warning, and None is returned.
     """
     call(lambda: _o.send_object_list(object_list, resolved(dst), group), False)
 
 
 @torch_op(root="src", root_default=ANY, skipped=-1)
+@contract(sync_collective(objects=True, returned="-1"))
 def recv_object_list(
     object_list: list[Any],
     src: int | None = None,
@@ -636,18 +446,5 @@ def recv_object_list(
         use_batch: accepted for torch's signature.
     Returns:
         The sender's global rank (blocking, as in torch).
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            dtype, rank, list length), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out (the message names the ranks that did not
-            arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called
-            different operations, or with different sizes, dtypes or roots.
-            Objects are pickled: receive them only from ranks you trust.
-
-    A timeout abandons the operation on this rank only: its outputs may hold partial data and the
-    group goes on, unless the ranks disagree about which operations ran (then it is out of step
-    until ``resync``). A lost member breaks every group holding it (destroy_process_group, then
-    init again). On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's
-    warning, and -1 is returned.
     """
     return int(call(lambda: _o.recv_object_list(object_list, src, group), False))

@@ -20,6 +20,7 @@ import numpy as np
 import aiodist.backends.torch_engine as _engine
 import aiodist.face.p2p as _p2p
 import aiodist.face.world as _world
+from aiodist._docs import SYNC_COLLECTIVE, SYNC_P2P, SYNC_P2P_STARTED, contract, sync_p2p
 from aiodist._tensors import NotContiguousError
 from aiodist.errors import DistError, DistTypeError, DistValueError, UnsupportedReduceError
 from aiodist.group import ProcessGroup
@@ -506,6 +507,7 @@ def get_pg_count() -> int:
 
 
 @torch_op(root="dst")
+@contract(SYNC_P2P)
 def send(
     tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None
 ) -> None:
@@ -520,20 +522,12 @@ def send(
         tag: matches a receive with the same tag.
     Returns:
         None, once ``tensor`` may be modified again.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            rank), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out; DistNetworkError: the peer was lost.
-
-    A timeout abandons the operation on this rank only (a receive's tensor may hold partial data;
-    the receive is withdrawn) and the group goes on; a lost peer breaks every group holding it.
-    On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's warning,
-    and None is returned.
     """
     run_op("send", lambda t: _p2p.send(t, resolved(dst), group, tag), False, tensor)
 
 
 @torch_op(root="src", root_default=ANY, skipped=-1)
+@contract(sync_p2p(returned="-1"))
 def recv(
     tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None
 ) -> int:
@@ -546,21 +540,13 @@ def recv(
         tag: matches a send with the same tag.
     Returns:
         The sender's global rank.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            rank), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out; DistNetworkError: the peer was lost.
-
-    A timeout abandons the operation on this rank only (a receive's tensor may hold partial data;
-    the receive is withdrawn) and the group goes on; a lost peer breaks every group holding it.
-    On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's warning,
-    and -1 is returned.
     """
     name = "recvAnySource" if src is None else "recv"  # gloo's record names
     return int(run_op(name, lambda t: _p2p.recv(t, src, group, tag), False, tensor))
 
 
 @torch_op(root="dst")
+@contract(SYNC_P2P_STARTED)
 def isend(
     tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None
 ) -> Work | None:
@@ -573,22 +559,13 @@ def isend(
         tag: matches a receive with the same tag.
     Returns:
         The ``Work``, at once; ``wait()`` before modifying ``tensor``.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            rank), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out; DistNetworkError: the peer was lost.
-            These are raised by the Work's ``wait()``.
-
-    A timeout abandons the operation on this rank only (a receive's tensor may hold partial data;
-    the receive is withdrawn) and the group goes on; a lost peer breaks every group holding it.
-    On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's warning,
-    and None is returned.
     """
     start = functools.partial(_p2p.isend, dst=resolved(dst), group=group, tag=tag)
     return _start_nonblocking("send", "send", start, tensor, dst, group, tag)
 
 
 @torch_op(root="src", root_default=ANY)
+@contract(SYNC_P2P_STARTED)
 def irecv(
     tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None
 ) -> Work | None:
@@ -601,16 +578,6 @@ def irecv(
         tag: matches a send with the same tag.
     Returns:
         The ``Work``, at once; once done, its ``source_rank()`` is the sender's global rank.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            rank), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out; DistNetworkError: the peer was lost.
-            These are raised by the Work's ``wait()``.
-
-    A timeout abandons the operation on this rank only (a receive's tensor may hold partial data;
-    the receive is withdrawn) and the group goes on; a lost peer breaks every group holding it.
-    On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's warning,
-    and None is returned.
     """
     start = functools.partial(_p2p.irecv, src=src, group=group, tag=tag)
     name = "recvAnySource" if src is None else "recv"  # gloo's record names
@@ -655,6 +622,7 @@ def resync(group: Any = None, timeout: datetime.timedelta | float | None = None)
 
 
 @torch_op()
+@contract(SYNC_COLLECTIVE)
 def barrier(
     group: Any = None,
     async_op: bool = False,
@@ -670,16 +638,6 @@ def barrier(
         timeout: this barrier's own timeout (``timedelta`` or seconds) instead of the group's.
     Returns:
         None once every member entered; with ``async_op=True`` at once, the ``Work``.
-    Raises:
-        ValueError / TypeError (``DistValueError``, ``DistTypeError``): a bad argument (tensor,
-            rank), raised at the call before anything is sent.
-        DistTimeoutError: the group's timeout ran out; DistNetworkError: the peer was lost.
-            With ``async_op=True`` these are raised by the Work's ``wait()``.
-
-    A timeout abandons the operation on this rank only (a receive's tensor may hold partial data;
-    the receive is withdrawn) and the group goes on; a lost peer breaks every group holding it.
-    On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's warning,
-    and None is returned.
     """
     seconds = _seconds(timeout)
     return run_op("barrier", lambda: _p2p.barrier(group, timeout=seconds), async_op)  # type: ignore[no-any-return]
