@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.faults import Trap, fd_count, record
+from support.faults import Trap, fd_count, hostile_bytes, record
 
 import aiodist as dist
 from aiodist.errors import DistError
@@ -38,19 +37,9 @@ DEADLINE = 1.0  # AIODIST_HANDSHAKE_TIMEOUT of the jobs under attack
 FLOOD = 500
 
 
-def _nested(depth: int) -> bytes:
-    header = b"\x91" * depth + b"\xc0"
-    return struct.pack("!IQ", len(header), 0) + header
-
-
 GARBAGE: dict[str, bytes] = {
-    "connect-close": b"",
-    "http": b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n",
-    "random": random.Random(5).randbytes(8192),
-    "frame-2^62": struct.pack("!IQ", 16, 1 << 62),
-    "nested-msgpack": _nested(100_000),
-    "half-frame": struct.pack("!IQ", 200, 0) + b"\x00" * 100,
-    "not-a-hello": encode_frame(["welcome", 0, b""]),
+    **hostile_bytes(seed=5),
+    "half-frame-200": struct.pack("!IQ", 200, 0) + b"\x00" * 100,
 }
 
 

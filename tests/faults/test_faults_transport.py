@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
 import struct
 import time
 from collections.abc import AsyncIterator
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.faults import hostile_bytes, nested_msgpack_frame
 from support.waits import closed_within, eventually
 
 import aiodist.wire.frames as frames_mod
@@ -101,21 +101,9 @@ async def raw_peer(port: int, rank: int, *, secret: bytes | None = SECRET, job: 
 
 
 # -- hostile bytes on a peer port (FAULTS #11, #12) --------------------------------------------
-def _nested(depth: int) -> bytes:
-    header = b"\x91" * depth + b"\xc0"
-    return struct.pack("!IQ", len(header), 0) + header
-
-
 GARBAGE: dict[str, bytes] = {
-    "connect-close": b"",
-    "http": b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n",
-    "random": random.Random(11).randbytes(4096),
-    "frame-2^62": struct.pack("!IQ", 16, 1 << 62),
-    "header-2^31": struct.pack("!IQ", 1 << 31, 0),
-    "nested-msgpack": _nested(100_000),
+    **hostile_bytes(seed=11),
     "handshake-with-payload": encode_frame(["hello"], 10) + b"0123456789",
-    "half-frame": struct.pack("!IQ", 100, 0) + b"\x00" * 50,
-    "wrong-message": encode_frame(["welcome", 0, b""]),
 }
 
 
@@ -274,7 +262,7 @@ BAD_FRAMES: dict[str, tuple[bytes, str]] = {
     "unhashable-key": (encode_frame([KIND_DATA, [1], 0, 0, None]), "malformed message header from rank 1"),
     "bad-fingerprint": (encode_frame([KIND_DATA, 0, 0, 0, "x"]), "malformed message fingerprint from rank 1"),
     "unknown-kind": (encode_frame([99, 0, 0, 0, None]), "unknown message kind 99 from rank 1"),
-    "nested": (_nested(5000), "malformed frame header"),
+    "nested": (nested_msgpack_frame(5000), "malformed frame header"),
 }
 
 

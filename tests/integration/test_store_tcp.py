@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from support.faults import hostile_bytes, nested_msgpack_frame
 from support.waits import closed_within, eventually
 
 from aiodist.errors import DistStoreError, DistTimeoutError, DistTypeError, DistValueError
@@ -337,21 +338,9 @@ async def test_secret_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch
 
 
 # -- hostile clients (FAULTS #11, #12) -------------------------------------------------------
-def _nested(depth: int) -> bytes:
-    header = b"\x91" * depth + b"\xc0"
-    return struct.pack("!IQ", len(header), 0) + header
-
-
 GARBAGE: dict[str, bytes] = {
-    "connect-close": b"",
-    "http": b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n",
-    "random": random.Random(7).randbytes(4096),
-    "oversized": struct.pack("!IQ", 16, 1 << 62),
-    "huge-header": struct.pack("!IQ", 1 << 31, 0),
-    "nested-msgpack": _nested(1000),
-    "too-deep-msgpack": _nested(100_000),
-    "not-a-hello": encode_frame(["welcome", -1, b""]),
-    "half-frame": struct.pack("!IQ", 100, 0) + b"\x00" * 50,
+    **hostile_bytes(seed=7),
+    "nested-msgpack-1000": nested_msgpack_frame(1000),
 }
 
 
@@ -448,8 +437,8 @@ async def test_warnings_are_rate_limited(master: TCPStore, caplog: pytest.LogCap
 
 BAD_REQUESTS: dict[str, bytes] = {
     "oversized-payload": struct.pack("!IQ", 5, 1 << 62) + b"\x95\x00\x00\x00\x00",
-    "nested-too-deep": _nested(100_000),
-    "nested-shallow": _nested(1000),
+    "nested-too-deep": nested_msgpack_frame(100_000),
+    "nested-shallow": nested_msgpack_frame(1000),
     "unknown-op": encode_frame(["explode", 1, [], [], None]),
     "not-a-list": encode_frame({"op": "get"}),
     "lens-mismatch": encode_frame(["set", 1, ["k"], [10], None], 3) + b"abc",

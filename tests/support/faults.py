@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import struct
 import time
 from pathlib import Path
+
+from aiodist.wire.frames import encode_frame
 
 
 def record(row: int | str, what: str, seconds: float) -> None:
@@ -47,3 +51,24 @@ class Trap:
 
 def fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+def nested_msgpack_frame(depth: int) -> bytes:
+    """A frame whose header is a msgpack list nested ``depth`` deep (a decoder bomb when deep)."""
+    header = b"\x91" * depth + b"\xc0"
+    return struct.pack("!IQ", len(header), 0) + header
+
+
+def hostile_bytes(seed: int) -> dict[str, bytes]:
+    """What a hostile or confused client may send to a port of aiodist's (FAULTS #11, #12), by name:
+    the store's port and a peer port must drop each one, naming nothing they should not."""
+    return {
+        "connect-close": b"",
+        "http": b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        "random": random.Random(seed).randbytes(4096),
+        "frame-2^62": struct.pack("!IQ", 16, 1 << 62),
+        "header-2^31": struct.pack("!IQ", 1 << 31, 0),
+        "nested-msgpack": nested_msgpack_frame(100_000),
+        "half-frame": struct.pack("!IQ", 100, 0) + b"\x00" * 50,
+        "not-a-hello": encode_frame(["welcome", -1, b""]),
+    }
