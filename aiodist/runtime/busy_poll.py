@@ -9,10 +9,15 @@ processes: 12 µs one way when each side answers at once, 31 µs when each side 
 two more in wake-up, because the peer has gone to sleep meanwhile. MPI and NCCL poll for the
 same reason (Linux has it too: ``SO_BUSY_POLL``).
 
-How: while at least one operation waits and its poll budget (``AIODIST_BUSY_POLL_US``
-microseconds after it started, 200 by default) has not run out, a callback re-schedules
-itself with ``call_soon``, which makes the loop poll with a zero timeout. The budget bounds
-the CPU spent on an operation whose peer is slow: after it the loop sleeps as usual.
+How: a callback re-schedules itself with ``call_soon``, which makes the loop poll with a
+zero timeout, until nothing has happened for a budget (``AIODIST_BUSY_POLL_US``
+microseconds, 200 by default): an operation starting or ending, or a source reporting that
+something moved (a record, a read finished, a completion), starts the budget again. The
+budget bounds the CPU spent on a peer that is slow: after it the loop sleeps as usual.
+On the async face the loop keeps polling for one budget after the last operation ends: an
+async program's operations come one after another, and the next one's messages then need
+no doorbell (measured: without it about one message in six of a stream of 1 MiB sendrecvs
+rang one, at about 20 µs of the sender's time each).
 
 When: only where the host has a core for each of its ranks (``aiodist.runtime.host``): polling on an
 oversubscribed host takes the core another rank needs. The sync face's loop thread polls only
@@ -54,7 +59,9 @@ def budget_from_env() -> float:
 class PollSource(Protocol):
     """Something a polling loop looks at on every turn (shared-memory rings)."""
 
-    def poll(self) -> None: ...
+    def poll(self) -> bool:
+        """Look once; True if something moved since the last look (the budget starts again)."""
+        ...
 
     def set_polling(self, polling: bool) -> None: ...
 
@@ -100,12 +107,18 @@ class BusyPoll:
                 source.set_polling(True)
 
     def release(self) -> None:
+        """Something stopped waiting; on the async face the loop polls a budget more (the next
+        operation usually starts sooner)."""
         self.waiting -= 1
+        if self.for_ops and self._handle is not None:
+            self._until = max(self._until, time.monotonic() + self.budget)
 
     def _poll(self) -> None:
+        now = time.monotonic()
         for source in self._sources:
-            source.poll()
-        if self.waiting > 0 and time.monotonic() < self._until:
+            if source.poll():
+                self._until = now + self.budget
+        if (self.waiting > 0 or self.for_ops) and now < self._until:
             self._handle = self.loop.call_soon(self._poll)
         else:
             self._handle = None

@@ -175,7 +175,9 @@ class Mailbox:
         self.on_post: Callable[[], None] | None = None
         self._posted: dict[tuple[int, Key], deque[PendingRecv]] = {}
         self._posted_any: dict[Key, deque[PendingRecv]] = {}
-        self._held: dict[tuple[int, Key], deque[_Held]] = {}
+        # Unexpected messages by key, then sender: a collective's completion looks up its own
+        # key (a sender far ahead can leave thousands held; none may be scanned per operation).
+        self._held: dict[Key, dict[int, deque[_Held]]] = {}
         self._abandoned: set[Key] = set()
         # Collectives completed here, most recent last: in a well-formed program every message
         # of a collective is received within it, so one arriving later means ranks disagreed.
@@ -200,9 +202,12 @@ class Mailbox:
             return fut
         held_src = self._find_held(src, key)
         if held_src is not None:
-            held = self._held[(held_src, key)].popleft()
-            if not self._held[(held_src, key)]:
-                del self._held[(held_src, key)]
+            by_src = self._held[key]
+            held = by_src[held_src].popleft()
+            if not by_src[held_src]:
+                del by_src[held_src]
+                if not by_src:
+                    del self._held[key]
             self.unexpected_bytes -= held.payload.nbytes
             if self.on_drain is not None:
                 self.on_drain()
@@ -232,13 +237,12 @@ class Mailbox:
                         return
 
     def _find_held(self, src: int | None, key: Key) -> int | None:
+        by_src = self._held.get(key)
+        if not by_src:
+            return None
         if src is not None:
-            return src if (src, key) in self._held else None
-        best: tuple[int, int] | None = None
-        for (s, k), q in self._held.items():
-            if k == key and (best is None or q[0].order < best[0]):
-                best = (q[0].order, s)
-        return None if best is None else best[1]
+            return src if src in by_src else None
+        return min(by_src, key=lambda s: by_src[s][0].order)  # the first to arrive
 
     def _deliver_held(
         self,
@@ -293,13 +297,15 @@ class Mailbox:
         self._finished_order.append(key)
         if len(self._finished_order) > _FINISHED_KEPT:
             self._finished.discard(self._finished_order.popleft())
-        if not self._held:
+        by_src = self._held.get(key)
+        if not by_src:
             return None
-        for table_key in [k for k in self._held if k[1] == key]:
-            held = self._held.pop(table_key)
-            self.unexpected_bytes -= sum(h.payload.nbytes for h in held)
-            return table_key[0], held[0].fp
-        return None
+        src, held = next(iter(by_src.items()))
+        del by_src[src]
+        if not by_src:
+            del self._held[key]
+        self.unexpected_bytes -= sum(h.payload.nbytes for h in held)
+        return src, held[0].fp
 
     def complete(self, recv: PendingRecv, src: int) -> None:
         if not recv.future.done():
@@ -325,7 +331,7 @@ class Mailbox:
                     self.on_late(src, key, fp)
                 return
             held = payload if owned else memoryview(bytearray(payload))
-            self._held.setdefault((src, key), deque()).append(_Held(fp, held, next(self._order)))
+            self._held.setdefault(key, {}).setdefault(src, deque()).append(_Held(fp, held, next(self._order)))
             self.unexpected_bytes += held.nbytes
             return
         assert isinstance(target, PendingRecv)
@@ -363,8 +369,8 @@ class Mailbox:
     def abandon(self, key: Key) -> None:
         """Forget an operation that timed out: drop what it holds and whatever arrives for it later."""
         self._abandoned.add(key)
-        for table_key in [k for k in self._held if k[1] == key]:
-            for held in self._held.pop(table_key):
+        for q in self._held.pop(key, {}).values():
+            for held in q:
                 self.unexpected_bytes -= held.payload.nbytes
             if self.on_drain is not None:
                 self.on_drain()
@@ -375,10 +381,11 @@ class Mailbox:
     def set_floor(self, gid: int, floor: int) -> None:
         """Discard group ``gid``'s collective messages numbered below ``floor``, held and to come."""
         self._floors[gid] = max(floor, self._floors.get(gid, 0))
-        stale = [k for k in self._held if k[1][0] == gid and k[1][1] != P2P and k[1][2] < floor]
-        for table_key in stale:
-            for held in self._held.pop(table_key):
-                self.unexpected_bytes -= held.payload.nbytes
+        stale = [k for k in self._held if k[0] == gid and k[1] != P2P and k[2] < floor]
+        for key in stale:
+            for q in self._held.pop(key).values():
+                for held in q:
+                    self.unexpected_bytes -= held.payload.nbytes
         if stale and self.on_drain is not None:
             self.on_drain()
 

@@ -242,6 +242,7 @@ class _Link:
         elif out.words[W_BLOCKED]:
             out.words[W_BLOCKED] = 0
         if wrote:
+            paths.moved += 1
             self.wake_peer()
 
     def check_acks(self) -> None:
@@ -250,6 +251,8 @@ class _Link:
         if out is None or not self.unacked:
             return
         acked = int(out.words[W_ACKED])
+        if self.acks_seen < acked:
+            self.paths.moved += 1
         while self.acks_seen < acked and self.unacked:
             s = self.unacked.popleft()
             self.acks_seen += 1
@@ -308,8 +311,10 @@ class _Link:
         except (ValueError, ProtocolError) as exc:
             self.paths.broken_link(self.peer, f"rank {self.peer} wrote nonsense into shared memory: {exc}")
             return
-        if freed and inp.words[W_BLOCKED]:
-            self.wake_peer()
+        if freed:
+            self.paths.moved += 1
+            if inp.words[W_BLOCKED]:
+                self.wake_peer()
 
     def _take(self, raw: memoryview, payload: memoryview) -> bool:
         """Handle one record; False: it must wait (the record stays in the ring)."""
@@ -460,6 +465,7 @@ class _Link:
             self.busy = False
             raise
         paths.bytes_received += n
+        paths.moved += 1
         self._ack()
         self.busy = False
         self.reader = None
@@ -556,6 +562,8 @@ class ShmPaths:
         self.bytes_sent = 0  # payload bytes through shared memory (both copies and single-copy)
         self.bytes_received = 0
         self._polling = False
+        self.moved = 0  # counts what moved on any link (records, reads, completions, writes)
+        self._moved_seen = 0
         self._packer = msgpack.Packer(use_bin_type=True)
 
     @property
@@ -725,8 +733,9 @@ class ShmPaths:
         if link is not None and link.inp is not None:
             link.drain()
 
-    def poll(self) -> None:
-        """One look at every link (the busy poller calls it on every turn of the loop)."""
+    def poll(self) -> bool:
+        """One look at every link (the busy poller calls it on every turn of the loop); True if
+        something moved (records, reads, completions, room) since the last look."""
         for link in self.links.values():
             if link.inp is not None and not link.busy and (link.stalled is False) and link.inp.pending():
                 link.drain()
@@ -734,6 +743,9 @@ class ShmPaths:
                 link.check_acks()
             if link.backlog and link.room_timer is None:
                 link.flush()
+        moved = self.moved != self._moved_seen
+        self._moved_seen = self.moved
+        return moved
 
     @property
     def stalled(self) -> bool:

@@ -73,16 +73,62 @@ def test_host_counts_ranks_from_the_launcher(monkeypatch: pytest.MonkeyPatch) ->
 # -- the poller on a loop ----------------------------------------------------------------------
 
 
-async def test_polls_while_held_and_stops_on_release() -> None:
-    poller = _busy_poll.BusyPoll(asyncio.get_running_loop(), budget=10.0)
+async def test_polls_while_held_and_a_budget_after_the_last_release() -> None:
+    """Operations of an async program come one after another: the loop keeps polling for one
+    budget after the last one ends, so that the next one's messages need no doorbell; then it
+    sleeps."""
+    poller = _busy_poll.BusyPoll(asyncio.get_running_loop(), budget=0.05)
     poller.hold()
     for _ in range(5):
         await asyncio.sleep(0)
         assert poller._handle is not None, "the poller stopped while something still waits"
     poller.release()
     await asyncio.sleep(0)
+    assert poller._handle is not None and poller.waiting == 0
+    await asyncio.sleep(0.2)
+    assert poller._handle is None and poller.waiting == 0
+
+
+async def test_a_blocked_callers_poller_stops_on_release() -> None:
+    """The sync face's loop thread: its caller computes once its call returns (the GIL is shared)."""
+    poller = _busy_poll.BusyPoll(asyncio.get_running_loop(), budget=10.0, for_ops=False)
+    poller.hold()
+    await asyncio.sleep(0)
+    assert poller._handle is not None
+    poller.release()
+    await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert poller._handle is None and poller.waiting == 0
+
+
+class _Source:
+    """A poll source that reports progress on the turns it is told to."""
+
+    def __init__(self) -> None:
+        self.moving = True
+        self.polling: list[bool] = []
+
+    def poll(self) -> bool:
+        return self.moving
+
+    def set_polling(self, polling: bool) -> None:
+        self.polling.append(polling)
+
+
+async def test_progress_renews_the_budget_and_stopping_is_announced() -> None:
+    """While messages keep moving (a long operation's pieces) the budget starts again; once
+    nothing moves for a budget the loop sleeps, and the sources hear it (writers ring again)."""
+    poller = _busy_poll.BusyPoll(asyncio.get_running_loop(), budget=0.02, for_ops=False)
+    source = _Source()
+    poller.add_source(source)
+    poller.hold()
+    await asyncio.sleep(0.1)  # five budgets, with progress on every turn
+    assert poller._handle is not None
+    source.moving = False
+    await asyncio.sleep(0.2)
+    assert poller._handle is None and poller.waiting == 1
+    assert source.polling == [True, False]
+    poller.release()
 
 
 async def test_stops_when_the_budget_runs_out_even_if_still_held() -> None:
