@@ -164,6 +164,7 @@ class _Link:
         self.unacked: deque[_Send] = deque()
         self.acks_seen = 0
         self.room_timer: asyncio.TimerHandle | None = None
+        self.blocked_at = 0  # how far the reader had freed the ring when a write found no room
         self.recheck_timer: asyncio.TimerHandle | None = None
         # reading side
         self.busy = False  # a single-copy read is under way (records behind it wait)
@@ -236,7 +237,9 @@ class _Link:
             self.backlog.popleft()
             wrote = True
         if self.backlog:
-            # No room: look again soon (the reader's doorbell after it frees room comes first, usually).
+            # No room: look again soon (the reader's doorbell after it frees room comes first,
+            # usually; a polling loop looks as soon as the reader has moved).
+            self.blocked_at = out.consumed()
             out.words[W_BLOCKED] = 1
             self.room_timer = paths.loop.call_later(ROOM_RETRY, self.flush)
         elif out.words[W_BLOCKED]:
@@ -244,6 +247,10 @@ class _Link:
         if wrote:
             paths.moved += 1
             self.wake_peer()
+
+    def out_freed(self) -> bool:
+        """The reader has freed room since a write last found none."""
+        return self.out is not None and self.out.consumed() != self.blocked_at
 
     def check_acks(self) -> None:
         """Complete the sends whose descriptors the peer has read."""
@@ -741,7 +748,7 @@ class ShmPaths:
                 link.drain()
             if link.unacked:
                 link.check_acks()
-            if link.backlog and link.room_timer is None:
+            if link.backlog and (link.room_timer is None or link.out_freed()):
                 link.flush()
         moved = self.moved != self._moved_seen
         self._moved_seen = self.moved
