@@ -98,14 +98,18 @@ def test_a_failed_proof_falls_back_to_tcp(tmp_path: Any) -> None:
 
 
 async def _early_and_many(rank: int, size: int) -> dict[str, Any]:
-    """Rank 0 sends far more than a ring holds (eager messages, and large ones by descriptor or
-    in pieces) before rank 1 posts a single receive; rank 1 then takes them in another order."""
+    """Rank 0 sends far more than a ring holds (eager messages, small and as large as a record
+    may be, and large ones by descriptor or in pieces) before rank 1 posts a single receive;
+    rank 1 then takes them in another order. (A large eager message first waits in the ring for
+    its receive, then is held: records behind it must not wait for ever.)"""
     await dist.init_process_group("tcp", "env://", timeout=60)
     small = [np.full(60_000 // 8, i, np.int64) for i in range(150)]  # 9 MB of eager messages
     big = [np.arange(1 << 20, dtype=np.int64) * (i + 1) for i in range(3)]  # 8 MiB each
+    mid = [np.full((1 << 20) // 8, i, np.int64) for i in range(4)]  # 1 MiB each: one eager record
     out: dict[str, Any] = {}
     if rank == 0:
         sends = [dist.isend(b, 1, tag=100 + i) for i, b in enumerate(big)]
+        sends += [dist.isend(m, 1, tag=200 + i) for i, m in enumerate(mid)]
         sends += [dist.isend(s, 1, tag=7) for s in small]  # one tag: must arrive in order
         await asyncio.gather(*sends)
     else:
@@ -113,6 +117,10 @@ async def _early_and_many(rank: int, size: int) -> dict[str, Any]:
         got_big = [np.zeros(1 << 20, np.int64) for _ in range(3)]
         for i in (2, 0, 1):
             await dist.recv(got_big[i], 0, tag=100 + i)
+        got_mid = [np.zeros((1 << 20) // 8, np.int64) for _ in range(4)]
+        for i in (3, 1, 2, 0):
+            await dist.recv(got_mid[i], 0, tag=200 + i)
+        out["mid"] = [bool((g == i).all()) for i, g in enumerate(got_mid)]
         got = []
         for _ in range(150):
             x = np.zeros(60_000 // 8, np.int64)
@@ -131,7 +139,8 @@ def test_messages_before_their_receives_and_a_full_ring(mode: str) -> None:
     res = spawn(_early_and_many, 2, env={"AIODIST_SHM": mode}, timeout=100)
     assert res[1]["small"] == list(range(150))
     assert res[1]["big"] == [True] * 3
-    assert res[1]["shm_bytes"][1] >= 150 * 60_000 + 3 * (8 << 20)
+    assert res[1]["mid"] == [True] * 4
+    assert res[1]["shm_bytes"][1] >= 150 * 60_000 + 3 * (8 << 20) + 4 * (1 << 20)
 
 
 async def _mismatch(rank: int, size: int) -> str:
