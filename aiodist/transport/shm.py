@@ -14,8 +14,9 @@ Messages are records of the ring, matched by the transport's ``Mailbox`` exactly
 (same key, size and fingerprint checks):
 
 * up to ``EAGER`` bytes (``EAGER_SHARED_CORES`` where ranks share cores; everything when
-  single-copy reads are refused): the payload is
-  copied into the ring (pieces of ``PIECE`` bytes for big ones; two copies);
+  single-copy reads are refused): the payload is copied into the ring (pieces of ``PIECE``
+  bytes for big ones; two copies); a record over ``HOLD_AT_ONCE`` bytes whose receive is not
+  posted waits in the ring for it a few ms before it is held (``_park``);
 * larger: a descriptor (pid, address, size); the reader copies the bytes straight from the
   writer's buffer into the posted receive's (``process_vm_readv``, one copy, ``CMA_CHUNK`` at a
   time with a turn of the loop between) and counts it done in the writer's segment, which is
@@ -352,8 +353,7 @@ class _Link:
         if rh.kind == DATA:
             target = mailbox.match(self.peer, key, n, fp)
             if isinstance(target, PendingRecv):
-                if self.park_timer is not None or self.park_expired:
-                    self._stop_parking()
+                self._stop_parking()
                 target.buf[:] = payload
                 paths.bytes_received += n
                 mailbox.complete(target, self.peer)
@@ -541,6 +541,8 @@ class _Link:
         self.read_recv = None
         self.out_state = self.in_state = _OFF
         self.out = self.inp = None
+        self.stalled = False  # (nothing will be read from it: no retry may wait on it)
+        self.need = 0
         if self.part is not None and self.part.held and self.part.buf is not None:
             self.paths.unreserve(self.part.buf.nbytes)
         self.part = None

@@ -5,6 +5,7 @@ harder paths (messages before their receives, a full ring, two-copy pieces), wit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from typing import Any
@@ -290,6 +291,32 @@ async def test_a_lost_wakeup_costs_a_moment_never_a_hang(monkeypatch: pytest.Mon
         await asyncio.wait_for(recv, 5)
         assert got.tolist() == [1.0, 2.0]
         assert rung and rung[0] - t0 < 1.0  # rung on the second look, a moment later
+    finally:
+        for t in ts:
+            t.abort()
+
+
+@pytest.mark.timeout(30)
+async def test_a_link_whose_peer_is_gone_waits_for_nothing() -> None:
+    """A record waiting for its receive (and for room under the cap) when the peer dies: the
+    link stops counting as stalled, so no later receive schedules retries for it."""
+    ts = await _mesh(2, 64 * 1024)
+    try:
+        _g0, g1 = _groups(ts)
+        sent = g1.send(np.ones(64 * 1024, np.float32), 0, tag=3)  # 256 KiB: waits in the ring (over the cap)
+        for _ in range(200):
+            if ts[0]._shm.stalled:
+                break
+            await asyncio.sleep(0.005)
+        assert ts[0]._shm.stalled, "the record should wait in the ring for its receive"
+        ts[1].abort()
+        for _ in range(400):
+            if not ts[0]._shm.stalled:
+                break
+            await asyncio.sleep(0.005)
+        assert not ts[0]._shm.stalled
+        with contextlib.suppress(Exception):
+            await sent
     finally:
         for t in ts:
             t.abort()
