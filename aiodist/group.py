@@ -21,8 +21,9 @@ from aiodist import _tensors
 from aiodist import arguments as _args
 from aiodist._recovery import StepKeeper
 from aiodist._tensors import byte_view
-from aiodist.backends.base import IN, OUT, Backend, Binding, Op
+from aiodist.backends.base import IN, OUT, Backend, Binding, Gate, Op
 from aiodist.backends.native import NATIVE
+from aiodist.collectives import select
 from aiodist.collectives.context import OpContext
 from aiodist.collectives.detail import check_fingerprints, detail_enabled
 from aiodist.errors import (
@@ -134,6 +135,8 @@ class ProcessGroup:
         self.size = len(self.ranks)
         self.global_rank = transport.rank
         self._seq = 0
+        # The last large reduction started on this group (see _in_turn).
+        self._reduction_tail: asyncio.Future[Any] | None = None
         self.broken: DistError | None = None
         self._inflight: dict[asyncio.Future[Any], _Op] = {}
         # One timer for the group, armed at the earliest deadline of the operations in flight
@@ -604,16 +607,48 @@ class ProcessGroup:
         except BaseException:
             b.drop()
             raise
+        in_turn = self._takes_turns(ctx, op)
+        gate = self._in_turn() if in_turn else None
         if not detail_enabled():  # (the common path: no closure)
             try:
-                return b.start(ctx, op, timeout)
+                work = b.start(ctx, op, timeout, gate)
             except (DistTypeError, DistValueError):
                 # The backend cannot run this checked call (torch's engine: e.g. PRODUCT on
                 # complex tensors) and started nothing: refused, its number given back.
                 self._seq -= 1
                 b.drop()
                 raise
-        return self._launch(ctx, lambda: b.start(ctx, op, timeout), timeout, b.drop)
+        else:
+            work = self._launch(ctx, lambda: b.start(ctx, op, timeout, gate), timeout, b.drop)
+        if in_turn:
+            self._reduction_tail = work._future
+        return work
+
+    def _takes_turns(self, ctx: OpContext, op: Op) -> bool:
+        """Whether ``op`` is a reduction large enough to wait for the group's previous one
+        (``select.IN_TURN_BYTES``, among ranks reaching each other through shared memory)."""
+        if op.reduce_op is None or self.runs_on.own_ops is not None or self.size < 2:
+            return False
+        nbytes = max(sum(a.nbytes for a in op.outputs), sum(a.nbytes for a in op.inputs))
+        return nbytes >= select.IN_TURN_BYTES and ctx.shares_memory()
+
+    def _in_turn(self) -> Gate | None:
+        """A gate that opens once the group's previous large reduction has ended (any outcome).
+
+        Large reductions over shared memory run one after another in the order of their
+        numbers, as a stream orders NCCL's kernels (see ``select.IN_TURN_BYTES`` for why). The
+        numbers are equal on every rank and each reduction waits only for a lower one, so the
+        waits cannot form a cycle between ranks; the caller is never blocked (the Work is
+        returned at once, and its timeout counts from the call).
+        """
+        prev = self._reduction_tail
+        if prev is None or prev.done():
+            return None
+
+        async def previous_ended() -> None:
+            await asyncio.wait((prev,))
+
+        return previous_ended
 
     def run_collective(
         self,

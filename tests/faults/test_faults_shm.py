@@ -68,6 +68,38 @@ def test_root_killed_while_peers_read_its_memory(tmp_path: Path) -> None:
         assert "rank 2" in r["next_msg"] and r["next_took"] < 0.1, r
 
 
+async def _kill_during_reductions_in_turn(rank: int, size: int, out: str) -> Any:
+    """Three large all_reduces started together wait for each other (they take turns); the
+    peer dies during the first: every one of them fails, naming it, none at the timeout."""
+    marker = Path(out, "killed")
+    await dist.init_process_group("tcp", "env://", timeout=LONG_TIMEOUT)
+    assert world().transport.local_peers()
+    bufs = [np.ones(16 << 20, np.float32) for _ in range(3)]  # 64 MiB each: tens of ms apiece
+    await dist.all_reduce(bufs[0])
+    works = [dist.all_reduce(b) for b in bufs]
+    if rank == 1:
+        await asyncio.sleep(0.005)  # into the first one
+        mark(marker)
+        os.kill(os.getpid(), signal.SIGKILL)
+    result: dict[str, Any] = {"failed": []}
+    for i, work in enumerate(works):
+        try:
+            await work
+        except dist.DistNetworkError as exc:
+            result["failed"].append((i, since(marker), str(exc)))
+    await dist.destroy_process_group()
+    return result
+
+
+def test_a_rank_killed_fails_the_reductions_waiting_their_turn(tmp_path: Path) -> None:
+    res = spawn(_kill_during_reductions_in_turn, 2, args=(str(tmp_path),), expect_failure=[1], timeout=80)
+    failed = res[0]["failed"]
+    assert [i for i, _, _ in failed] == [0, 1, 2], failed
+    for _, took, msg in failed:
+        assert "rank 1" in msg and "all_reduce" in msg, msg
+        assert took < 2.0, failed  # within 2 s (the timeout is 60 s)
+
+
 async def _everyone_killed(rank: int, size: int, out: str) -> None:
     await dist.init_process_group("tcp", "env://", timeout=LONG_TIMEOUT)
     x = np.full(1 << 20, rank, np.int64)

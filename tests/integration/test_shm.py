@@ -156,6 +156,84 @@ async def _mismatch(rank: int, size: int) -> str:
         await dist.destroy_process_group()
 
 
+async def _reductions_together(rank: int, size: int, detail: bool) -> dict[str, Any]:
+    """Large reductions started together take turns (in the order of their calls); copies and
+    small operations between them do not wait; every result is right."""
+    if detail:
+        os.environ["AIODIST_DEBUG"] = "DETAIL"
+    await dist.init_process_group("tcp", "env://", timeout=60)
+    assert _transport().local_peers()
+    n = 1 << 19  # 2 MiB of float32
+    a1 = np.full(n, rank + 1.0, np.float32)
+    rs_in = np.arange(2 * n, dtype=np.float32) * (rank + 1)
+    rs_out = np.zeros(n, np.float32)
+    small = np.full(1, rank + 1, np.int64)
+    a2 = np.full(n, 10.0 * (rank + 1), np.float32)
+    red = np.full(n, rank + 3.0, np.float32)
+    bc = np.full(n, 7.0 if rank == 0 else 0.0, np.float32)
+    order: list[str] = []
+
+    async def track(name: str, work: Any) -> None:
+        await work
+        order.append(name)
+
+    # The second of two large all_reduces posts nothing while the first waits for rank 1, which
+    # starts 0.5 s late.
+    from aiodist.transport.base import COLL
+
+    g = world().default_group
+    big = [np.full(4 << 20, rank + 1.0, np.float32) for _ in range(2)]
+    await dist.barrier()
+    keys = [(g.gid, COLL, g._seq + i) for i in range(2)]
+    if rank == 1:
+        await asyncio.sleep(0.5)
+    first, second = dist.all_reduce(big[0]), dist.all_reduce(big[1])
+    if rank == 0:
+        await asyncio.sleep(0.1)
+        posted = [world().transport.mailbox.waiting_on(k) for k in keys]
+    await first
+    await second
+    ok_big = all(bool((b == 3.0).all()) for b in big)
+
+    await asyncio.gather(
+        track("all_reduce 1", dist.all_reduce(a1)),
+        track("reduce_scatter", dist.reduce_scatter_tensor(rs_out, rs_in)),
+        track("small", dist.all_reduce(small)),
+        track("all_reduce 2", dist.all_reduce(a2)),
+        track("reduce", dist.reduce(red, 1)),
+        track("broadcast", dist.broadcast(bc, 0)),
+    )
+    want_rs = np.arange(rank * n, (rank + 1) * n, dtype=np.float32) * 3
+    ok = {
+        "16 MiB": ok_big,
+        "all_reduce 1": bool((a1 == 3.0).all()),
+        "reduce_scatter": bool((rs_out == want_rs).all()),
+        "small": int(small[0]) == 3,
+        "all_reduce 2": bool((a2 == 30.0).all()),
+        "reduce": bool((red == 7.0).all()) if rank == 1 else True,
+        "broadcast": bool((bc == 7.0).all()),
+    }
+    await dist.destroy_process_group()
+    return {
+        "ok": ok,
+        "order": [o for o in order if o not in ("small", "broadcast")],
+        "posted": posted if rank == 0 else None,
+    }
+
+
+@pytest.mark.parametrize("detail", [False, True], ids=["plain", "DETAIL"])
+def test_large_reductions_started_together_take_turns(detail: bool) -> None:
+    res = spawn(_reductions_together, 2, args=(detail,), timeout=100)
+    out0 = res[0]
+    for out in res:
+        assert all(out["ok"].values()), out["ok"]
+        assert out["order"] == ["all_reduce 1", "reduce_scatter", "all_reduce 2", "reduce"], out["order"]
+    first, second = out0["posted"]
+    assert second == [], out0["posted"]
+    # (With DETAIL the first checks fingerprints with rank 1 before it posts anything.)
+    assert first == ([] if detail else [1]), out0["posted"]
+
+
 def test_mismatch_is_caught_over_shared_memory() -> None:
     """Sizes and fingerprints travel with every shared-memory message, as on TCP."""
     res = spawn(_mismatch, 2, timeout=60)
