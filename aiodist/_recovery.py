@@ -210,8 +210,8 @@ class StepKeeper:
         self, op: _Op, limit: float, waiting: str, stall: str, note: str = "", elapsed: float = math.inf
     ) -> None:
         """``op`` (a collective, already abandoned here) timed out, after ``elapsed`` seconds
-        (``note``: why before its own deadline): ask every member where it stands, then fail it
-        with what they said."""
+        (``note``: why before its own deadline; ``waiting``: " waiting for ..." or empty, as
+        the error says it): ask every member where it stands, then fail it with what they said."""
         g = self.group
         members = self._members()
         qid = self._next_qid
@@ -262,13 +262,12 @@ class StepKeeper:
         if not parts:
             parts.append("every rank entered it")
         me = f"{op.name} on rank {g.global_rank} ({g.name})"
-        waited = "" if q.waiting.startswith("no rank") else f" waiting for data from {q.waiting}"
         if not q.note or (q.limit < math.inf and q.elapsed >= 0.9 * q.limit):
             note = f" ({q.note})" if q.note else ""
-            text = f"{me} reached its timeout of {q.limit:g} s{waited}{q.stall}{note}: {'; '.join(parts)}"
+            text = f"{me} reached its timeout of {q.limit:g} s{q.waiting}{q.stall}{note}: {'; '.join(parts)}"
         else:  # a member gave up on it first, before this rank's own deadline (if any)
             after = f" after {q.elapsed:.2g} s" if q.elapsed < math.inf else ""
-            text = f"{me} was abandoned{after} here{waited}{q.stall}: {q.note}; {'; '.join(parts)}"
+            text = f"{me} was abandoned{after} here{q.waiting}{q.stall}: {q.note}; {'; '.join(parts)}"
         detail = ""
         if never or done:
             at = {r: st.next_seq for r, (_, st) in q.replies.items()}

@@ -135,8 +135,10 @@ class ProcessGroup:
         self.size = len(self.ranks)
         self.global_rank = transport.rank
         self._seq = 0
-        # The last large reduction started on this group (see _in_turn).
-        self._reduction_tail: asyncio.Future[Any] | None = None
+        # The last large reduction started on this group, and the keys of those waiting for
+        # their turn with the name of the one each waits for (see _in_turn).
+        self._reduction_tail: Work | None = None
+        self._behind: dict[Key, str] = {}
         self.broken: DistError | None = None
         self._inflight: dict[asyncio.Future[Any], _Op] = {}
         # One timer for the group, armed at the earliest deadline of the operations in flight
@@ -294,12 +296,13 @@ class ProcessGroup:
         if op.on_timeout is not None:
             self._fail(op, op.on_timeout(t))
             return
-        waiting = self.transport.mailbox.waiting_on(op.key)
         if op.key[1] == COLL and self.size > 1 and not self.transport.closed:
             # Stop taking its data now; raise once the members said where they stand.
+            phrase = self._waiting_phrase(op)
             self.transport.abandon(op.key)
-            self._keeper.timed_out(op, t, _describe_ranks(waiting), self.transport.stall_note())
+            self._keeper.timed_out(op, t, phrase, self.transport.stall_note())
             return
+        waiting = self.transport.mailbox.waiting_on(op.key)
         err = DistTimeoutError(
             f"{op.name} on rank {self.global_rank} ({self.name}) reached its timeout of {t:g} s "
             f"waiting for data from {_describe_ranks(waiting)}{self.transport.stall_note()}"
@@ -314,12 +317,25 @@ class ProcessGroup:
             return
         started = op.deadline - op.limit if op.deadline != math.inf else -math.inf
         op.deadline = math.inf
-        waiting = self.transport.mailbox.waiting_on(op.key)
+        phrase = self._waiting_phrase(op)
         self.transport.abandon(op.key)
         self._keeper.timed_out(
-            op, op.limit or self.timeout, _describe_ranks(waiting), self.transport.stall_note(),
+            op, op.limit or self.timeout, phrase, self.transport.stall_note(),
             note, self.loop.time() - started,
         )  # fmt: skip
+
+    def _waiting_phrase(self, op: _Op) -> str:
+        """What the collective ``op`` was waiting for, for its timeout's error (" waiting for
+        ..."; empty while it was still sending): the ranks whose data it lacked, or the earlier
+        reduction whose end it waited for (``_in_turn``)."""
+        ahead = self._behind.get(op.key)
+        if ahead is not None:
+            return (
+                f" waiting for its turn: {ahead} had not ended on rank {self.global_rank} "
+                "(large reductions of a group run one after another)"
+            )
+        waiting = self.transport.mailbox.waiting_on(op.key)
+        return f" waiting for data from {_describe_ranks(waiting)}" if waiting else ""
 
     def _fail(self, op: _Op, err: BaseException) -> None:
         fut = op.future
@@ -608,7 +624,7 @@ class ProcessGroup:
             b.drop()
             raise
         in_turn = self._takes_turns(ctx, op)
-        gate = self._in_turn() if in_turn else None
+        gate = self._in_turn(ctx.key) if in_turn else None
         if not detail_enabled():  # (the common path: no closure)
             try:
                 work = b.start(ctx, op, timeout, gate)
@@ -621,7 +637,7 @@ class ProcessGroup:
         else:
             work = self._launch(ctx, lambda: b.start(ctx, op, timeout, gate), timeout, b.drop)
         if in_turn:
-            self._reduction_tail = work._future
+            self._reduction_tail = work
         return work
 
     def _takes_turns(self, ctx: OpContext, op: Op) -> bool:
@@ -632,7 +648,7 @@ class ProcessGroup:
         nbytes = max(sum(a.nbytes for a in op.outputs), sum(a.nbytes for a in op.inputs))
         return nbytes >= select.IN_TURN_BYTES and ctx.shares_memory()
 
-    def _in_turn(self) -> Gate | None:
+    def _in_turn(self, key: Key) -> Gate | None:
         """A gate that opens once the group's previous large reduction has ended (any outcome).
 
         Large reductions over shared memory run one after another in the order of their
@@ -642,11 +658,16 @@ class ProcessGroup:
         returned at once, and its timeout counts from the call).
         """
         prev = self._reduction_tail
-        if prev is None or prev.done():
+        if prev is None or prev.is_completed():
             return None
+        behind = self._behind
 
         async def previous_ended() -> None:
-            await asyncio.wait((prev,))
+            behind[key] = prev.name
+            try:
+                await asyncio.wait((prev._future,))
+            finally:
+                del behind[key]
 
         return previous_ended
 

@@ -242,7 +242,7 @@ class Mailbox:
             return None
         if src is not None:
             return src if src in by_src else None
-        return min(by_src, key=lambda s: by_src[s][0].order)  # the first to arrive
+        return _earliest(by_src)
 
     def _deliver_held(
         self,
@@ -297,15 +297,11 @@ class Mailbox:
         self._finished_order.append(key)
         if len(self._finished_order) > _FINISHED_KEPT:
             self._finished.discard(self._finished_order.popleft())
-        by_src = self._held.get(key)
+        by_src = self._drop_held(key)  # (every sender's: none will be received now)
         if not by_src:
             return None
-        src, held = next(iter(by_src.items()))
-        del by_src[src]
-        if not by_src:
-            del self._held[key]
-        self.unexpected_bytes -= sum(h.payload.nbytes for h in held)
-        return src, held[0].fp
+        src = _earliest(by_src)
+        return src, by_src[src][0].fp
 
     def complete(self, recv: PendingRecv, src: int) -> None:
         if not recv.future.done():
@@ -369,11 +365,7 @@ class Mailbox:
     def abandon(self, key: Key) -> None:
         """Forget an operation that timed out: drop what it holds and whatever arrives for it later."""
         self._abandoned.add(key)
-        for q in self._held.pop(key, {}).values():
-            for held in q:
-                self.unexpected_bytes -= held.payload.nbytes
-            if self.on_drain is not None:
-                self.on_drain()
+        self._drop_held(key)
         for table_key in [k for k in self._posted if k[1] == key]:
             del self._posted[table_key]
         self._posted_any.pop(key, None)
@@ -381,13 +373,19 @@ class Mailbox:
     def set_floor(self, gid: int, floor: int) -> None:
         """Discard group ``gid``'s collective messages numbered below ``floor``, held and to come."""
         self._floors[gid] = max(floor, self._floors.get(gid, 0))
-        stale = [k for k in self._held if k[0] == gid and k[1] != P2P and k[2] < floor]
-        for key in stale:
-            for q in self._held.pop(key).values():
-                for held in q:
-                    self.unexpected_bytes -= held.payload.nbytes
-        if stale and self.on_drain is not None:
+        for key in [k for k in self._held if k[0] == gid and k[1] != P2P and k[2] < floor]:
+            self._drop_held(key)
+
+    def _drop_held(self, key: Key) -> dict[int, deque[_Held]]:
+        """Forget every message held for ``key``: their bytes stop counting against the cap, and
+        a reader paused at the cap is told (``on_drain``). Returns them by sender."""
+        by_src = self._held.pop(key, None)
+        if not by_src:
+            return {}
+        self.unexpected_bytes -= sum(h.payload.nbytes for q in by_src.values() for h in q)
+        if self.on_drain is not None:
             self.on_drain()
+        return by_src
 
     def was_finished(self, key: Key) -> bool:
         """The collective ``key`` completed here (among the last few thousand)."""
@@ -432,6 +430,11 @@ class Mailbox:
         if self._posted_any.get(key):
             srcs.append(None)
         return srcs
+
+
+def _earliest(by_src: dict[int, deque[_Held]]) -> int:
+    """The sender whose held message arrived first."""
+    return min(by_src, key=lambda s: by_src[s][0].order)
 
 
 PeerLostListener = Callable[[int, DistNetworkError], None]

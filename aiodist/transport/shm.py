@@ -325,6 +325,7 @@ class _Link:
                     break
                 self.stalled = False
                 self.need = 0
+                self._stop_parking()  # (whichever way the record was taken)
                 inp.advance(rlen)
                 freed = True
                 if self.busy:
@@ -353,7 +354,6 @@ class _Link:
         if rh.kind == DATA:
             target = mailbox.match(self.peer, key, n, fp)
             if isinstance(target, PendingRecv):
-                self._stop_parking()
                 target.buf[:] = payload
                 paths.bytes_received += n
                 mailbox.complete(target, self.peer)
@@ -362,7 +362,6 @@ class _Link:
                 return True
             if n > HOLD_AT_ONCE and self._park(n):
                 return False
-            self._stop_parking()
             if n and not paths.room_for(n):
                 return self._no_room(n)
             paths.bytes_received += n
@@ -371,14 +370,12 @@ class _Link:
         if rh.kind == PART:
             target = mailbox.match(self.peer, key, n, fp)
             if isinstance(target, PendingRecv):
-                self._stop_parking()
                 self.part = _Part(key, fp, n, target.buf, target, held=False)
             elif target is DISCARD:
                 self.part = _Part(key, fp, n, None, None, held=False)
             else:
                 if self._park(n):
                     return False
-                self._stop_parking()
                 if not paths.room_for(n):
                     return self._no_room(n)
                 paths.reserve(n)
@@ -389,18 +386,15 @@ class _Link:
             raise ProtocolError(f"rank {self.peer} sent a descriptor of another process ({rh.pid})")
         target = mailbox.match(self.peer, key, n, fp)
         if isinstance(target, PendingRecv):
-            self._stop_parking()
             self._start_read(rh.pid, rh.addr, target.buf, target, key, fp)
             return True
         if target is DISCARD:
-            self._stop_parking()
             self._ack()
             return True
         if self._park(n):
             return False
         if not paths.room_for(n):
             return self._no_room(n)
-        self._stop_parking()
         paths.reserve(n)
         self._start_read(rh.pid, rh.addr, memoryview(bytearray(n)), None, key, fp)
         return True

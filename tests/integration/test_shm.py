@@ -234,6 +234,45 @@ def test_large_reductions_started_together_take_turns(detail: bool) -> None:
     assert first == ([] if detail else [1]), out0["posted"]
 
 
+async def _timeout_waiting_its_turn(rank: int, size: int) -> dict[str, Any]:
+    """Rank 1 comes 1 s late to a large all_reduce; rank 0's next one, with a 0.3 s timeout,
+    times out waiting for its turn and says so. Then the usual recovery: the group is out of
+    step (rank 1 never entered the one that timed out) until every rank calls resync."""
+    await dist.init_process_group("tcp", "env://", timeout=60)
+    first, second = (np.full(4 << 20, rank + 1.0, np.float32) for _ in range(2))
+    await dist.barrier()
+    out: dict[str, Any] = {}
+    if rank == 1:
+        await asyncio.sleep(1.0)
+    try:
+        a = dist.all_reduce(first)
+        b = dist.all_reduce(second, timeout=0.3)
+        for name, work in (("second", b), ("first", a)):
+            try:
+                await work
+            except dist.DistError as exc:
+                out[name] = f"{type(exc).__name__}: {exc}"
+    except dist.DistError as exc:  # rank 1: stopped at its next collective
+        out["call"] = type(exc).__name__
+    await dist.resync()
+    small = np.full(1, rank + 1, np.int64)
+    await dist.all_reduce(small)
+    out["after"] = int(small[0])
+    await dist.destroy_process_group()
+    return out
+
+
+def test_a_reduction_that_times_out_waiting_its_turn_says_so() -> None:
+    res = spawn(_timeout_waiting_its_turn, 2, timeout=60)
+    msg = res[0]["second"]
+    assert msg.startswith("DistTimeoutError: all_reduce #2 on rank 0"), msg
+    assert "waiting for its turn: all_reduce #1 had not ended on rank 0" in msg, msg
+    assert "waiting for data" not in msg and "rank 1 never entered it" in msg, msg
+    assert res[0]["first"].startswith("GroupOutOfStepError"), res[0]
+    assert res[1]["call"] == "GroupOutOfStepError", res[1]
+    assert [out["after"] for out in res] == [3, 3]
+
+
 def test_mismatch_is_caught_over_shared_memory() -> None:
     """Sizes and fingerprints travel with every shared-memory message, as on TCP."""
     res = spawn(_mismatch, 2, timeout=60)
