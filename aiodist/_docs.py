@@ -29,6 +29,11 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 _PICKLED = "Objects are pickled: receive them only from ranks you trust."
+_TASKS = (
+    ",\n        or paired operations that different tasks started (collectives are matched by call\n"
+    "        order: tasks that share a group may start theirs in another order on each rank; give\n"
+    "        each task its own group)"
+)
 
 
 def _bad_argument(*, at_once: str, what: str = "tensor,\n        dtype, rank, list length") -> str:
@@ -57,7 +62,7 @@ def async_collective(refused: str = "", *, p2p: bool = False, pickled: bool = Fa
         f"    {bad}\n"
         "    DistTimeoutError, DistNetworkError, CollectiveMismatchError: from awaiting the Work: the\n"
         "        timeout ran out (naming the ranks that did not arrive), a member was lost, or members\n"
-        "        called different operations or with different sizes, dtypes or roots.\n"
+        f"        called different operations or with different sizes, dtypes or roots{'' if p2p else _TASKS}.\n"
         "\n"
         "A timeout abandons the operation on this rank only: its outputs may hold partial data, and\n"
         f"{after}" + (f"\n{_PICKLED}" if pickled else "")
@@ -73,7 +78,9 @@ def sync_collective(*, objects: bool = False, returned: str = "None") -> str:
         f"    {_bad_argument(at_once='at the call')}\n"
         "    DistTimeoutError: the group's timeout ran out (the message names the ranks that did not\n"
         "        arrive); DistNetworkError: a member was lost; CollectiveMismatchError: members called\n"
-        "        different operations, or with different sizes, dtypes or roots.\n"
+        "        different operations, or with different sizes, dtypes or roots, or paired operations\n"
+        "        that different threads started (threads sharing a group may call in another order on\n"
+        "        each rank; give each thread its own group).\n"
         f"        {last}\n"
         "\n"
         "A timeout abandons the operation on this rank only: its outputs may hold partial data and the\n"

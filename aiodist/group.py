@@ -2,8 +2,10 @@
 
 A group is a subset of the job's global ranks sharing one transport. Every collective takes
 the group's next sequence number, which becomes its message key on every rank (collectives
-on a group are matched across ranks by call order, as in torch); point-to-point messages
-are keyed by the user's tag. Each started operation is tracked until it ends, so that a
+on a group are matched across ranks by call order, as in torch), and its fingerprint names the
+task or thread that started it (``aiodist.runtime.origin``), so that tasks whose calls reach
+the group in another order on each rank get a mismatch, never each other's data;
+point-to-point messages are keyed by the user's tag. Each started operation is tracked until it ends, so that a
 timeout fails that one operation (and abandons its key: stale data arriving later is
 dropped) while a lost peer fails them all and breaks the group. After a collective times out,
 its rank asks the members where they stand before raising; ranks that disagree about which
@@ -38,6 +40,7 @@ from aiodist.errors import (
 )
 from aiodist.ops import ReduceOp, dtype_name
 from aiodist.runtime import busy_poll as _busy_poll
+from aiodist.runtime import origin as _origin
 from aiodist.transport.base import (
     COLL,
     P2P,
@@ -570,7 +573,8 @@ class ProcessGroup:
         seq = self._seq
         self._seq += 1
         key = (self.gid, COLL, seq)
-        return OpContext(self.transport, self.ranks, self.rank, key, [name, seq, dtype, count, root, redop])
+        fp = [name, seq, dtype, count, root, redop, _origin.current()]
+        return OpContext(self.transport, self.ranks, self.rank, key, fp)
 
     def _launch(
         self,

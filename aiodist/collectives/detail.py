@@ -1,7 +1,7 @@
 """``AIODIST_DEBUG=DETAIL``: an explicit all-rank agreement check before each collective.
 
 How it works: before the algorithm runs, every rank sends its operation's fingerprint
-(op, sequence number, dtype, count, root, reduce op) to every other member of the group,
+(op, sequence number, dtype, count, root, reduce op, origin) to every other member of the group,
 on the group's control channel under the operation's sequence number (so the check never
 mixes with data, and a check of one operation never with another's), and waits for
 everyone's. Every rank then holds the same table, so all of them reach the same verdict:
@@ -21,7 +21,7 @@ from aiodist.collectives.context import OpContext
 from aiodist.errors import CollectiveMismatchError, DistTimeoutError, name_ranks
 from aiodist.transport.base import CTRL, describe_fingerprint
 from aiodist.wire.detail import SLOT, decode_slot, encode_slot
-from aiodist.wire.fingerprint import Fingerprint
+from aiodist.wire.fingerprint import ORDER_HINT, Fingerprint, describe_all
 from aiodist.wire.frames import ProtocolError
 
 __all__ = ["check_fingerprints", "detail_enabled"]
@@ -89,13 +89,16 @@ async def _check(ctx: OpContext, timeout: float | None) -> None:
         table[ctx.ranks[p]] = _read(b)
     if all(fp == table[ctx.ranks[r]] for fp in table.values()):
         return
+    ranks = sorted(table)
+    texts, only_origin = describe_all([table[g] for g in ranks])
     groups: dict[str, list[int]] = {}
-    for g, fp in sorted(table.items()):
-        groups.setdefault(describe_fingerprint(fp), []).append(g)
+    for g, what in zip(ranks, texts, strict=True):
+        groups.setdefault(what, []).append(g)
     lines = "; ".join(
         f"{'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, rs))}: {what}"
         for what, rs in groups.items()
     )
+    hint = f"; {ORDER_HINT}" if only_origin else ""
     raise CollectiveMismatchError(
-        f"DETAIL check on rank {ctx.ranks[r]}: ranks called different collectives: {lines}"
+        f"DETAIL check on rank {ctx.ranks[r]}: ranks called different collectives: {lines}{hint}"
     )

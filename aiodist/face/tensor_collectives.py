@@ -2,8 +2,8 @@
 
 The group checks the arguments (before taking a sequence number, so a refused call leaves the
 group's numbering untouched on this rank), numbers the operation, whose fingerprint (op,
-sequence number, dtype, element count, root, reduce op) travels with every message so that
-ranks disagreeing on any of them get a ``CollectiveMismatchError``, and starts it on its
+sequence number, dtype, element count, root, reduce op, and the task that started it) travels
+with every message so that ranks disagreeing on any of them get a ``CollectiveMismatchError``, and starts it on its
 backend; it returns a ``Work`` at once. Ranks (``src``, ``dst``) are global ranks, as in torch.
 Output buffers are written in place; on failure or timeout they may hold partial data.
 """

@@ -31,6 +31,7 @@ from aiodist.rendezvous import (
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.runtime import log_level as _logging
 from aiodist.runtime import loop_thread as _loop_thread
+from aiodist.runtime import origin as _origin
 from aiodist.runtime.timeouts import as_seconds
 from aiodist.store import PrefixStore, Store, TCPStore
 from aiodist.store.base import StoreShutDownError
@@ -137,6 +138,7 @@ async def init_process_group(
     device = _device(device_id, engine)
     seconds = as_seconds(timeout)
     loop = asyncio.get_running_loop()
+    _origin.install(loop)  # collectives carry the name of the task that started them
     _busy_poll.for_loop(loop)  # reads AIODIST_BUSY_POLL_US: a bad value fails here, before any rendezvous
     shm_mode_from_env()  # AIODIST_SHM too
     deadline = loop.time() + seconds

@@ -22,6 +22,7 @@ from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp
 from aiodist.parallel.bucketing import compute_bucket_assignment_by_size
 from aiodist.runtime.loop_thread import block_on, on_loop
+from aiodist.runtime.origin import mark_thread
 
 __all__ = [
     "BROADCAST_BUCKET_BYTES",
@@ -64,6 +65,7 @@ def post(group: ProcessGroup, fn: Callable[[], None]) -> None:
     if on_loop(group.loop):
         fn()
     else:
+        mark_thread()  # (``fn`` runs in a copy of this thread's context: its collectives carry its name)
         group.loop.call_soon_threadsafe(fn)
 
 

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import uvloop
 
 from aiodist.runtime import busy_poll as _busy_poll
+from aiodist.runtime import origin as _origin
 
 T = TypeVar("T")
 
@@ -116,6 +117,7 @@ class LoopThread:
 
     def __init__(self, name: str = "aiodist-loop") -> None:
         self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        _origin.install(self.loop)  # collectives carry the name of the task or thread that started them
         # Poll only while a caller blocks on this loop (see ``_busy_poll``).
         _busy_poll.for_loop(self.loop, for_ops=False)
         self._ready = threading.Event()
@@ -145,6 +147,7 @@ class LoopThread:
     def call(self, fn: Callable[[], T]) -> T:
         """Run the plain function ``fn()`` on the loop thread; return its value or raise its error."""
         self._check_thread(getattr(fn, "__name__", "call"))
+        _origin.mark_thread()  # (``fn`` runs in a copy of this thread's context)
         w = thread_waiter()
         self.loop.call_soon_threadsafe(_call_cb, fn, w)
         w.wait()
@@ -157,6 +160,7 @@ class LoopThread:
         future that is already done when ``start`` returns releases it in the same callback.
         """
         self._check_thread(getattr(start, "__name__", "call"))
+        _origin.mark_thread()
         w = thread_waiter()
         self.loop.call_soon_threadsafe(_start_cb, start, w)
         w.wait()
@@ -175,6 +179,7 @@ class LoopThread:
     # -- coroutines --------------------------------------------------------------------
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Schedule ``coro`` on the loop; the returned future may be waited on from any thread."""
+        _origin.mark_thread()
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:

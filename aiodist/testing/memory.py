@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from aiodist.group import ProcessGroup
+from aiodist.runtime import origin as _origin
 from aiodist.transport.memory import MemoryFabric
 
 __all__ = ["memory_world", "run_memory_world"]
@@ -53,8 +54,17 @@ async def run_memory_world(
     """Run ``fn(group)`` for every rank concurrently; results in rank order (``hosts``,
     ``shared_memory``, ``host_algos``: see ``memory_world``)."""
     fabric, groups = memory_world(world_size, timeout, hosts, shared_memory, host_algos)
+    # Each rank's task is the root of its own lineage, named alike on every rank, as the main
+    # tasks of separate processes are (the tasks it creates are then named as theirs would be).
+    loop = asyncio.get_running_loop()
+    _origin.install(loop)
+
+    async def rank(g: ProcessGroup) -> T:
+        return await fn(g)
+
+    ranks = [loop.create_task(rank(g), context=_origin.root_context("rank")) for g in groups]
     try:
-        return list(await asyncio.wait_for(asyncio.gather(*(fn(g) for g in groups)), timeout))
+        return list(await asyncio.wait_for(asyncio.gather(*ranks), timeout))
     finally:
         for t in fabric.transports:
             t.abort()

@@ -35,6 +35,7 @@ from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.runtime.loop_thread import LoopThread
+from aiodist.runtime.origin import mark_thread
 from aiodist.sync._sparse import sparse_all_reduce as _sparse_all_reduce
 from aiodist.work import Work
 
@@ -191,6 +192,7 @@ class Adapter:
         else:
             # torch's current CUDA stream and device are per thread: CUDA tensors are staged
             # on the loop thread under the caller's (a no-op until CUDA is in use).
+            mark_thread()  # (its collectives carry the calling thread's name)
             self._lt.loop.call_soon_threadsafe(on_caller_stream(on_loop))
         return None
 

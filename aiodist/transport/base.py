@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aiodist.errors import CollectiveMismatchError, DistError, DistNetworkError, GroupOutOfStepError
 from aiodist.wire.control import Control, Goodbye
-from aiodist.wire.fingerprint import Fingerprint, OpFingerprint
+from aiodist.wire.fingerprint import ORDER_HINT, Fingerprint, OpFingerprint, describe_all
 from aiodist.wire.messages import Key
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "Mailbox",
     "PendingRecv",
     "Transport",
+    "describe_disagreement",
     "describe_fingerprint",
     "LateMessageError",
 ]
@@ -69,6 +70,16 @@ def describe_fingerprint(fp: Fingerprint | None) -> str:
     """A human reading of a fingerprint: ``all_reduce #3 (float32 x 10, sum)``, ``barrier #0``."""
     typed = OpFingerprint.from_wire(fp)
     return "an untagged message" if typed is None else typed.describe()
+
+
+def describe_disagreement(
+    receiver: int, want: Fingerprint | None, sender: int, sent: Fingerprint | None
+) -> str:
+    """``rank 0 expected all_reduce #3 (...) but rank 1 sent broadcast #3 (...)``; the tasks
+    that started them are named where they differ, with what to do about it."""
+    (wanted, got), only_origin = describe_all([want, sent])
+    text = f"rank {receiver} expected {wanted} but rank {sender} sent {got}"
+    return f"{text}: {ORDER_HINT}" if only_origin else text
 
 
 def exit_goodbye() -> Goodbye:
@@ -350,10 +361,7 @@ class Mailbox:
         if want_fp is not None and sent_fp is not None and list(sent_fp) != list(want_fp):
             if self.on_mismatch is not None:
                 self.on_mismatch(src, key, sent_fp, want_fp)
-            return CollectiveMismatchError(
-                f"rank {self.rank} expected {describe_fingerprint(want_fp)} but rank {src} sent "
-                f"{describe_fingerprint(sent_fp)}"
-            )
+            return CollectiveMismatchError(describe_disagreement(self.rank, want_fp, src, sent_fp))
         if nbytes != bufbytes:
             what = describe_fingerprint(want_fp or sent_fp)
             return CollectiveMismatchError(
@@ -595,9 +603,7 @@ class Transport(ABC):
         """
         if key[1] != COLL:
             return
-        exc = CollectiveMismatchError(
-            f"rank {self.rank} expected {describe_fingerprint(want)} but rank {src} sent {describe_fingerprint(sent)}"
-        )
+        exc = CollectiveMismatchError(describe_disagreement(self.rank, want, src, sent))
         self.loop.call_soon(self._key_failed, key, exc)
         self._send_mismatch(src, key, sent, want)
 
@@ -630,10 +636,7 @@ class Transport(ABC):
                 "completed that operation: the ranks disagree about it"
             )
         else:
-            exc = CollectiveMismatchError(
-                f"rank {src} expected {describe_fingerprint(theirs)} but rank {self.rank} sent "
-                f"{describe_fingerprint(ours)}"
-            )
+            exc = CollectiveMismatchError(describe_disagreement(src, theirs, self.rank, ours))
         self._key_failed(key, exc)
 
     def stall_note(self) -> str:

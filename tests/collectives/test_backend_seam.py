@@ -81,10 +81,12 @@ async def test_the_group_hands_its_backend_the_checked_numbered_operation() -> N
         assert res == [[[2.0] * 4, [2.0] * 8]] * 2
         for g, b in zip(groups, backends, strict=True):
             fps = [fp for fp, _ in b.started]
+            # (the last item: the task that started it, named alike on every rank)
+            origin = "test_the_group_hands_its_backend_the_checked_numbered_operation.run"
             assert fps == [
-                ["broadcast", 0, "float32", 4, 1, None],
-                ["all_reduce", 1, "float32", 4, -1, "MAX"],
-                ["all_gather_into_tensor", 2, "float32", 4, -1, None],
+                ["broadcast", 0, "float32", 4, 1, None, origin],
+                ["all_reduce", 1, "float32", 4, -1, "MAX", origin],
+                ["all_gather_into_tensor", 2, "float32", 4, -1, None, origin],
             ]
             ops = [op for _, op in b.started]
             assert [op.kind for op in ops] == ["broadcast", "all_reduce", "all_gather"]

@@ -1,0 +1,164 @@
+"""Where an operation comes from: the task or thread that called it, named alike on every rank.
+
+Collectives on a group are matched across ranks by call order. Within one asyncio task (or
+one thread) that order is the program's own; between tasks it is the scheduler's, which may
+differ from rank to rank. So every collective's fingerprint carries its *origin*, a name for
+the calling task that is equal on every rank running the same program: ranks that pair
+operations of different tasks raise ``CollectiveMismatchError`` instead of exchanging each
+other's data.
+
+How a task is named: by its lineage. The k-th task of coroutine ``worker`` that task P
+creates is ``P/worker[k]``, so sibling tasks started in the same order get the same names on
+every rank, whatever the scheduler does with them afterwards. The name is kept in a context
+variable, which the task factory installed by ``install`` sets when a task is created (a
+Task runs in its own copy of its creator's context). Tasks that aiodist creates for itself
+take their creator's name, so that the runtime's own bookkeeping never shifts a count. A
+task created before the factory was installed (the one ``asyncio.run`` started) is named
+after its coroutine, a thread after its name (``mark_thread``), and tasks created outside any
+task (in a plain callback) are counted under ``loop``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+import os
+import threading
+from collections.abc import Coroutine, Generator
+from typing import Any
+
+__all__ = ["MAX_NAME", "Lineage", "current", "install", "mark_thread", "root_context"]
+
+MAX_NAME = 80
+"""Longest origin name sent as is; a longer one keeps its last parts behind a hash of the whole."""
+
+# Coroutines defined under this directory are aiodist's own: their tasks are not counted.
+_AIODIST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+class Lineage:
+    """One task's (or thread's) place among the tasks of the program, and the count of its
+    children by coroutine. Lives in the context variable of the task it names."""
+
+    __slots__ = ("_name", "children", "label", "parent")
+
+    def __init__(self, parent: Lineage | None, label: str) -> None:
+        self.parent = parent
+        self.label = label
+        self.children: dict[str, int] = {}
+        self._name: str | None = None
+
+    def child(self, coroutine: str) -> Lineage:
+        """The lineage of the next task of ``coroutine`` this one creates."""
+        k = self.children.get(coroutine, 0)
+        self.children[coroutine] = k + 1
+        return Lineage(self, f"{coroutine}[{k}]")
+
+    @property
+    def name(self) -> str:
+        """``main/worker[1]``; at most ``MAX_NAME`` characters (computed once)."""
+        if self._name is None:
+            parts: list[str] = []
+            node: Lineage | None = self
+            while node is not None:
+                parts.append(node.label)
+                node = node.parent
+            self._name = _bounded("/".join(reversed(parts)))
+        return self._name
+
+
+def _bounded(full: str) -> str:
+    if len(full) <= MAX_NAME:
+        return full
+    digest = hashlib.blake2s(full.encode(), digest_size=4).hexdigest()
+    tail = full[-(MAX_NAME - len(digest) - 2) :]
+    return f"{digest}…{tail}"
+
+
+_LINEAGE: contextvars.ContextVar[Lineage | None] = contextvars.ContextVar("aiodist_origin", default=None)
+
+
+def _coroutine_name(coro: Any) -> str:
+    """``run.worker`` for the coroutine of ``async def worker`` nested in ``run``."""
+    name = getattr(coro, "__qualname__", None)
+    if not isinstance(name, str):
+        name = type(coro).__qualname__
+    return name.replace(".<locals>", "")
+
+
+def current() -> str:
+    """The origin of an operation started now: the calling task's (or thread's) name."""
+    lineage = _LINEAGE.get()
+    if lineage is not None:
+        return lineage.name
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop
+        task = None
+    if task is not None:  # created before ``install``: its coroutine names it
+        return _coroutine_name(task.get_coro())
+    return f"thread {threading.current_thread().name}"
+
+
+def mark_thread() -> None:
+    """Name the calling thread's context after the thread, unless it already has an origin.
+
+    For the places where a user's thread hands an operation to the runtime's loop: the loop
+    runs it in a copy of this context, so the operation carries the thread's name.
+    """
+    if _LINEAGE.get() is None:
+        _LINEAGE.set(Lineage(None, f"thread {threading.current_thread().name}"))
+
+
+def root_context(label: str) -> contextvars.Context:
+    """A copy of the current context whose tasks are named from ``label`` afresh (for ranks run
+    as tasks of one loop: each rank's task is the root of its own lineage, named alike)."""
+    ctx = contextvars.copy_context()
+    ctx.run(_LINEAGE.set, Lineage(None, label))
+    return ctx
+
+
+def install(loop: asyncio.AbstractEventLoop) -> None:
+    """Name the tasks ``loop`` creates from now on by their lineage (idempotent).
+
+    A task factory already set on the loop keeps running: it gets the context to use.
+    """
+    previous = loop.get_task_factory()
+    if getattr(previous, "_aiodist_origin", False):
+        return
+    outside = Lineage(None, "loop")  # the creator of tasks started outside any task
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        code = getattr(coro, "cr_code", None)
+        if code is None or not code.co_filename.startswith(_AIODIST_DIR):
+            kwargs["context"] = _child_context(loop, coro, kwargs.get("context"), outside)
+        if previous is None:
+            return asyncio.Task(coro, loop=loop, **kwargs)
+        return previous(loop, coro, **kwargs)
+
+    factory._aiodist_origin = True  # type: ignore[attr-defined]
+    loop.set_task_factory(factory)
+
+
+def _child_context(
+    loop: asyncio.AbstractEventLoop,
+    coro: Coroutine[Any, Any, Any] | Generator[Any, None, Any],
+    given: contextvars.Context | None,
+    outside: Lineage,
+) -> contextvars.Context:
+    parent = _LINEAGE.get()
+    if given is not None and given.get(_LINEAGE) is not parent:
+        return given  # a context chosen with its own origin (``root_context``): keep it
+    if parent is None:
+        creator = asyncio.current_task(loop)
+        if creator is None:
+            parent = outside
+        else:
+            # A task created before ``install``: it is named after its coroutine from now on
+            # (this runs in its context), and counts its children.
+            parent = Lineage(None, _coroutine_name(creator.get_coro()))
+            _LINEAGE.set(parent)
+    ctx = contextvars.copy_context() if given is None else given.copy()
+    ctx.run(_LINEAGE.set, parent.child(_coroutine_name(coro)))
+    return ctx

@@ -1,0 +1,157 @@
+"""The names collectives carry for the task or thread that started them (aiodist.runtime.origin),
+and how disagreements about them read."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import uvloop
+
+from aiodist.runtime import origin
+from aiodist.transport.base import describe_disagreement
+from aiodist.wire.fingerprint import ORDER_HINT, OpFingerprint
+
+
+def _run(main: Any) -> Any:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main())
+
+
+async def leaf() -> str:
+    return origin.current()
+
+
+async def worker() -> list[str]:
+    return [origin.current(), *await asyncio.gather(leaf(), leaf())]
+
+
+async def main() -> list[Any]:
+    origin.install(asyncio.get_running_loop())
+    before = origin.current()  # this task predates the factory: named after its coroutine
+    first = asyncio.create_task(worker())
+    second = asyncio.create_task(worker())
+    late = await second  # the order they finish in does not matter
+    return [before, await first, late, origin.current()]
+
+
+def test_tasks_are_named_by_lineage_in_creation_order() -> None:
+    before, first, second, after = _run(main)
+    assert before == after == "main"
+    assert first == ["main/worker[0]", "main/worker[0]/leaf[0]", "main/worker[0]/leaf[1]"]
+    assert second == ["main/worker[1]", "main/worker[1]/leaf[0]", "main/worker[1]/leaf[1]"]
+
+
+def test_siblings_are_counted_per_coroutine() -> None:
+    """A task of another coroutine started on one rank only does not shift the workers' names."""
+
+    async def monitor() -> None:
+        return None
+
+    async def worker() -> str:
+        return origin.current()
+
+    async def main(extra: bool) -> list[str]:
+        origin.install(asyncio.get_running_loop())
+        if extra:
+            await asyncio.create_task(monitor())
+        return list(await asyncio.gather(worker(), worker()))
+
+    assert _run(lambda: main(False)) == _run(lambda: main(True))
+
+
+def test_aiodist_tasks_take_their_creators_name() -> None:
+    from aiodist.group import _await  # an aiodist coroutine: the runtime's own tasks are not counted
+
+    async def main() -> tuple[str, str, str]:
+        origin.install(asyncio.get_running_loop())
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        async def probe() -> str:
+            return origin.current()
+
+        named = await asyncio.create_task(probe())
+        asyncio.get_running_loop().call_soon(lambda: fut.set_result(origin.current()))
+        inner = await asyncio.get_running_loop().create_task(_await(asyncio.create_task(probe())))
+        return named, inner, await fut
+
+    named, inner, _ = _run(main)
+    assert named.endswith("probe[0]") and inner.endswith("probe[1]")  # _await's task counted nothing
+
+
+def test_install_is_idempotent_and_keeps_the_previous_factory() -> None:
+    seen: list[Any] = []
+
+    def previous(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        seen.append(kwargs.get("context"))
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    async def child() -> str:
+        return origin.current()
+
+    async def main() -> str:
+        loop = asyncio.get_running_loop()
+        loop.set_task_factory(previous)
+        origin.install(loop)
+        factory = loop.get_task_factory()
+        origin.install(loop)
+        assert loop.get_task_factory() is factory
+        return await asyncio.create_task(child())
+
+    assert _run(main).endswith("/test_install_is_idempotent_and_keeps_the_previous_factory.child[0]")
+    assert seen and seen[0] is not None  # the previous factory ran, with our context
+
+
+def test_root_context_starts_a_lineage_alike_on_every_rank() -> None:
+    async def rank() -> str:
+        async def step() -> str:
+            return origin.current()
+
+        return await asyncio.create_task(step())
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        origin.install(loop)
+        tasks = [loop.create_task(rank(), context=origin.root_context("rank")) for _ in range(3)]
+        return list(await asyncio.gather(*tasks))
+
+    names = _run(main)
+    assert names == ["rank/test_root_context_starts_a_lineage_alike_on_every_rank.rank.step[0]"] * 3
+
+
+def test_threads_are_named_after_themselves() -> None:
+    names: list[str] = []
+
+    def body() -> None:
+        origin.mark_thread()
+        names.append(origin.current())
+
+    th = threading.Thread(target=body, name="loader")
+    th.start()
+    th.join()
+    assert names == ["thread loader"]
+
+
+def test_long_names_keep_their_end_behind_a_hash_of_the_whole() -> None:
+    a = origin.Lineage(origin.Lineage(None, "x" * 100), "worker[0]")
+    b = origin.Lineage(origin.Lineage(None, "y" * 100), "worker[0]")
+    assert len(a.name) <= origin.MAX_NAME and a.name.endswith("/worker[0]")
+    assert a.name != b.name
+
+
+def test_a_disagreement_names_the_tasks_only_where_they_differ() -> None:
+    ours = ["all_reduce", 3, "float32", 4, -1, "SUM", "main/worker[0]"]
+    theirs = ["all_reduce", 3, "float32", 4, -1, "SUM", "main/worker[1]"]
+    text = describe_disagreement(0, ours, 1, theirs)
+    assert text == (
+        "rank 0 expected all_reduce #3 (float32 x 4, sum) from task main/worker[0] but rank 1 sent "
+        f"all_reduce #3 (float32 x 4, sum) from task main/worker[1]: {ORDER_HINT}"
+    )
+    other = ["broadcast", 3, "float32", 4, 0, None, "main/worker[0]"]
+    assert describe_disagreement(0, ours, 1, other) == (
+        "rank 0 expected all_reduce #3 (float32 x 4, sum) but rank 1 sent broadcast #3 (float32 x 4, root 0)"
+    )
+    both = ["broadcast", 3, "float32", 4, 0, None, "thread loader"]
+    assert describe_disagreement(0, ours, 1, both).endswith("from thread loader")
+    assert OpFingerprint.from_wire(["barrier", 0, "", 0, -1, None]) == OpFingerprint("barrier", 0)
