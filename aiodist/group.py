@@ -638,11 +638,43 @@ class ProcessGroup:
                 self._seq -= 1
                 b.drop()
                 raise
+            if self.runs_on.own_ops is not None and self.size > 1:
+                work = self._checked_alongside(ctx, work, timeout)
         else:
             work = self._launch(ctx, lambda: b.start(ctx, op, timeout, gate), timeout, b.drop)
         if in_turn:
             self._reduction_tail = work
         return work
+
+    def _checked_alongside(self, ctx: OpContext, work: Work, timeout: float | None) -> Work:
+        """``work``, a collective that torch's engine carries (nccl, torch-gloo), whose data no
+        fingerprint travels with: the members exchange fingerprints over the group's transport
+        while it runs (n - 1 small messages each), and the Work raises their disagreement
+        (``CollectiveMismatchError``: e.g. tasks sharing the group that called in another order
+        on each rank) instead of returning what the engine exchanged."""
+        # The engine's own timeout comes first (its error says what it waited for); the check's
+        # bounds it only where the engine completed and some member's fingerprint never came.
+        t = self.timeout if timeout is None else timeout
+        check_timeout = t + PEER_LOSS_GRACE if t and 0 < t < math.inf else None
+        check = self.loop.create_task(check_fingerprints(ctx, check_timeout, what="fingerprint check"))
+        engine = work._future
+
+        async def checked() -> Any:
+            try:
+                await asyncio.wait((engine, check), return_when=asyncio.FIRST_EXCEPTION)
+                if check.done():
+                    check.result()  # the members disagree, or some never reached it
+                result = await work
+                await check
+                return result
+            except BaseException:
+                # (the other half's outcome is not wanted any more; nobody else reads it)
+                for half in (engine, check):
+                    half.add_done_callback(_consume)
+                check.cancel()
+                raise
+
+        return Work(self.loop.create_task(checked()), work.name)
 
     def _takes_turns(self, ctx: OpContext, op: Op) -> bool:
         """Whether ``op`` is a reduction large enough to wait for the group's previous one
@@ -804,3 +836,8 @@ def _barrier(g: ProcessGroup, b: Binding) -> _args.Checked:
 
 async def _await(aw: Awaitable[Any]) -> Any:
     return await aw
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()

@@ -39,24 +39,27 @@ def _read(slot: bytearray) -> Fingerprint:
         return ["<undecodable fingerprint>"]
 
 
-async def check_fingerprints(ctx: OpContext, timeout: float | None, coro: Any = None) -> None:
+async def check_fingerprints(
+    ctx: OpContext, timeout: float | None, coro: Any = None, what: str = "DETAIL check"
+) -> None:
     """Exchange fingerprints with every member; raise unless all equal ours.
 
-    ``coro`` (the algorithm, not started yet) is closed when the check fails.
+    ``coro`` (the algorithm, not started yet) is closed when the check fails; ``what`` names
+    the check in its errors.
 
     Raises:
         CollectiveMismatchError: some rank called something else (the message lists all).
         DistTimeoutError: some ranks did not reach this operation within ``timeout``.
     """
     try:
-        await _check(ctx, timeout)
+        await _check(ctx, timeout, what)
     except BaseException:
         if coro is not None:
             coro.close()
         raise
 
 
-async def _check(ctx: OpContext, timeout: float | None) -> None:
+async def _check(ctx: OpContext, timeout: float | None, what: str) -> None:
     n, r = ctx.size, ctx.rank
     if n == 1:
         return
@@ -77,7 +80,7 @@ async def _check(ctx: OpContext, timeout: float | None) -> None:
         missing = sorted(ctx.ranks[p] for p, f in recvs.items() if f in pending)
         who = name_ranks(missing)
         raise DistTimeoutError(
-            f"DETAIL check of {name} on rank {ctx.ranks[r]}: {who} did not reach this collective "
+            f"{what} of {name} on rank {ctx.ranks[r]}: {who} did not reach this collective "
             f"within {timeout:g} s"
         )
     for f in recvs.values():
@@ -92,13 +95,13 @@ async def _check(ctx: OpContext, timeout: float | None) -> None:
     ranks = sorted(table)
     texts, only_origin = describe_all([table[g] for g in ranks])
     groups: dict[str, list[int]] = {}
-    for g, what in zip(ranks, texts, strict=True):
-        groups.setdefault(what, []).append(g)
+    for g, text in zip(ranks, texts, strict=True):
+        groups.setdefault(text, []).append(g)
     lines = "; ".join(
-        f"{'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, rs))}: {what}"
-        for what, rs in groups.items()
+        f"{'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, rs))}: {text}"
+        for text, rs in groups.items()
     )
     hint = f"; {ORDER_HINT}" if only_origin else ""
     raise CollectiveMismatchError(
-        f"DETAIL check on rank {ctx.ranks[r]}: ranks called different collectives: {lines}{hint}"
+        f"{what} on rank {ctx.ranks[r]}: ranks called different collectives: {lines}{hint}"
     )

@@ -16,6 +16,13 @@ take their creator's name, so that the runtime's own bookkeeping never shifts a 
 task created before the factory was installed (the one ``asyncio.run`` started) is named
 after its coroutine, a thread after its name (``mark_thread``), and tasks created outside any
 task (in a plain callback) are counted under ``loop``.
+
+Threads are told apart by the names their programs give them: the main thread, aiodist's own
+threads (``aiodist-...``) and threads with the names Python or a C library gives
+(``Thread-3 (worker)``, ``Dummy-1``) are one anonymous origin, because libraries choose them as
+they please (torch's DDP starts a bucket's all_reduce from the thread that completed the
+previous one's future, which differs from rank to rank, in the same order) and the numbers in
+such names count every thread the process started.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import asyncio
 import contextvars
 import hashlib
 import os
+import re
 import threading
 from collections.abc import Coroutine, Generator
 from typing import Any
@@ -62,7 +70,8 @@ class Lineage:
             parts: list[str] = []
             node: Lineage | None = self
             while node is not None:
-                parts.append(node.label)
+                if node.label:  # (an unnamed thread's is empty)
+                    parts.append(node.label)
                 node = node.parent
             self._name = _bounded("/".join(reversed(parts)))
         return self._name
@@ -77,6 +86,9 @@ def _bounded(full: str) -> str:
 
 
 _LINEAGE: contextvars.ContextVar[Lineage | None] = contextvars.ContextVar("aiodist_origin", default=None)
+
+# Names that a program did not choose: the main thread's, aiodist's, Python's defaults, C threads'.
+_UNNAMED_THREAD = re.compile(r"MainThread|aiodist-.*|(Thread|Dummy)-\d+( \(.*\))?")
 
 
 def _coroutine_name(coro: Any) -> str:
@@ -98,17 +110,19 @@ def current() -> str:
         task = None
     if task is not None:  # created before ``install``: its coroutine names it
         return _coroutine_name(task.get_coro())
-    return f"thread {threading.current_thread().name}"
+    return ""  # a callback of the runtime's, or an unnamed thread's
 
 
 def mark_thread() -> None:
     """Name the calling thread's context after the thread, unless it already has an origin.
 
     For the places where a user's thread hands an operation to the runtime's loop: the loop
-    runs it in a copy of this context, so the operation carries the thread's name.
+    runs it in a copy of this context, so the operation carries the thread's name (none for
+    an unnamed thread: see the module's docstring).
     """
     if _LINEAGE.get() is None:
-        _LINEAGE.set(Lineage(None, f"thread {threading.current_thread().name}"))
+        name = threading.current_thread().name
+        _LINEAGE.set(Lineage(None, "" if _UNNAMED_THREAD.fullmatch(name) else f"thread {name}"))
 
 
 def root_context(label: str) -> contextvars.Context:

@@ -110,7 +110,7 @@ def describe_all(fps: list[Any]) -> tuple[list[str], bool]:
 
 def _origin_phrase(origin: str) -> str:
     if not origin:
-        return "an unnamed task"
+        return "the main thread or an unnamed one"
     return origin if origin.startswith("thread ") else f"task {origin}"
 
 

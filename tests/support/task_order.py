@@ -150,7 +150,8 @@ async def run_tasks(
                 if np.array_equal(got, want):
                     seen.append(("ok", ""))
                 else:
-                    seen.append(("wrong", f"task {k} round {i}: expected {want[:2]}, received {got[:2]}"))
+                    at = int(np.flatnonzero(got != want)[0]) if got.shape == want.shape else 0
+                    seen.append(("wrong", f"task {k} round {i}: [{at}] is {got[at]}, not {want[at]}"))
         return seen
 
     tasks = [asyncio.create_task(task(k)) for k in range(n_tasks)]

@@ -4,6 +4,7 @@ and how disagreements about them read."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from typing import Any
 
@@ -15,8 +16,9 @@ from aiodist.wire.fingerprint import ORDER_HINT, OpFingerprint
 
 
 def _run(main: Any) -> Any:
+    # (in a context of its own: this thread's may carry the name of an earlier test's thread)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main())
+        return runner.run(main(), context=contextvars.Context())
 
 
 async def leaf() -> str:
@@ -120,17 +122,17 @@ def test_root_context_starts_a_lineage_alike_on_every_rank() -> None:
     assert names == ["rank/test_root_context_starts_a_lineage_alike_on_every_rank.rank.step[0]"] * 3
 
 
-def test_threads_are_named_after_themselves() -> None:
+def test_threads_are_named_after_themselves_unless_unnamed() -> None:
     names: list[str] = []
 
     def body() -> None:
         origin.mark_thread()
         names.append(origin.current())
 
-    th = threading.Thread(target=body, name="loader")
-    th.start()
-    th.join()
-    assert names == ["thread loader"]
+    for th in (threading.Thread(target=body, name="loader"), threading.Thread(target=body)):
+        th.start()
+        th.join()
+    assert names == ["thread loader", ""]  # Thread-N (body): a name the program did not choose
 
 
 def test_long_names_keep_their_end_behind_a_hash_of_the_whole() -> None:
@@ -154,4 +156,6 @@ def test_a_disagreement_names_the_tasks_only_where_they_differ() -> None:
     )
     both = ["broadcast", 3, "float32", 4, 0, None, "thread loader"]
     assert describe_disagreement(0, ours, 1, both).endswith("from thread loader")
+    unnamed = ["all_reduce", 3, "float32", 4, -1, "SUM", ""]
+    assert "from the main thread or an unnamed one: " in describe_disagreement(0, theirs, 1, unnamed)
     assert OpFingerprint.from_wire(["barrier", 0, "", 0, -1, None]) == OpFingerprint("barrier", 0)

@@ -8,6 +8,7 @@ naming the tasks; never another task's data. One group per task is right in any 
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import threading
 from typing import Any
@@ -21,12 +22,15 @@ from aiodist.testing import spawn
 
 pytestmark = pytest.mark.timeout(180)
 
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
 SMALL = 4
 LARGE = 1 << 18  # float64 elements: 2 MiB a task (pipelined rings, single-copy reads, reductions in turn)
 
 
-async def _job(rank: int, size: int, tasks: int, count: int, own_groups: bool) -> dict[str, Any]:
-    await dist.init_process_group("tcp", timeout=60)
+async def _job(
+    rank: int, size: int, tasks: int, count: int, own_groups: bool, backend: str = "tcp"
+) -> dict[str, Any]:
+    await dist.init_process_group(backend, timeout=60)
     kinds: dict[str, int] = {}
     bad: list[str] = []
     mismatch = ""
@@ -59,6 +63,17 @@ def test_tasks_on_one_group_get_the_right_result_or_a_mismatch(
     text = next(out["mismatch"] for out in res if out["mismatch"])
     assert re.search(r"from task \S+/run_tasks\.task\[\d\] but rank \d sent", text), text
     assert "give each task its own group" in text, text
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch's gloo engine needs torch")
+def test_tasks_on_torchs_engine_get_the_right_result_or_a_mismatch() -> None:
+    """torch's engine carries the data without a fingerprint: the members check theirs alongside."""
+    res = spawn(_job, 3, args=(3, SMALL, False, "torch-gloo"), timeout=150)
+    for r, out in enumerate(res):
+        assert out["bad"] == [], f"rank {r}: {out['bad']}"
+        assert out["kinds"].get("mismatch", 0) > 0 and out["kinds"].get("ok", 0) > 0, out["kinds"]
+    text = next(out["mismatch"] for out in res if out["mismatch"])
+    assert "fingerprint check on rank" in text and "give each task its own group" in text, text
 
 
 def test_one_group_per_task_is_right_in_any_order() -> None:
