@@ -8,7 +8,9 @@ minutes) where data was in flight. The help is two-fold:
   on, so that an idle connection also has something its peer's host must acknowledge;
 * a look at each connection's ``TCP_INFO`` every eighth of the link timeout: a connection with
   sent data or a keepalive probe waiting for an acknowledgement, whose peer's host has
-  acknowledged nothing for the link timeout, seen twice in a row, is reported as silent.
+  acknowledged nothing for the link timeout, is looked at again a second later (at most) and,
+  still so, reported as silent. So a silent host is found within the link timeout plus an
+  eighth of it and a second.
 
 Acknowledgements come from the peer's kernel, not from its program: a rank that is stopped
 (SIGSTOP, a debugger) or busy still acknowledges, so it is never reported. Nor is one that
@@ -160,4 +162,6 @@ class LinkWatch:
             self.remove(peer)
             self.on_silent(peer, seconds)
         if self._socks:
-            self._timer = self.loop.call_later(self._period(), self._check)
+            # A suspect is looked at again soon: a probe's answer takes a round trip, not a period.
+            delay = min(self._period(), 1.0) if self._suspects else self._period()
+            self._timer = self.loop.call_later(delay, self._check)
