@@ -554,10 +554,15 @@ def _main(argv: Sequence[str] | None = None) -> int:
             stale = sweep()
             for name in stale:
                 print(f"removed {name} (its owner is gone)")
-            for name in args.name or [b for b in _bed_names() if _owner(b) is None]:
-                bed = Bed.attach(name)
-                bed.destroy()
-                print(f"removed {bed.name}")
+            beds = _bed_names()
+            for name in args.name or [b for b in beds if _owner(b) is None]:
+                full = name if name.startswith(PREFIX) else f"{PREFIX}{name}"
+                if full not in beds:
+                    raise BedError(f"no bed named {name!r} (python -m tests.hosts.netbed ls lists them)")
+                # (by its namespaces, not attach: a half-made or half-removed bed goes too)
+                if problems := _remove_namespaces(beds[full]):
+                    raise BedError(f"bed {full}: " + "; ".join(problems))
+                print(f"removed {full}")
         elif args.cmd == "ls":
             beds = sorted(_bed_names())
             for name in beds:
