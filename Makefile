@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 BENCH_OUT := build/bench
 
-.PHONY: install demo test test-fast test-gpu test-torch-suite bench lint typecheck clean
+.PHONY: install demo test test-fast test-hosts test-gpu test-torch-suite bench lint typecheck clean
 
 install: $(STAMP)
 
@@ -32,6 +32,11 @@ test: install
 # every-operation suite): under a minute.
 test-fast: install
 	$(PY) -m pytest -q -m "unit or collectives"
+
+# Multi-host jobs on this machine: each host a network namespace on a bridge (tests/hosts/netbed.py),
+# one aiodist-run per host. Needs root; elsewhere the tier is skipped, saying why. About a minute.
+test-hosts: install
+	$(PY) -m pytest -q -rs tests/hosts
 
 # The staging and NCCL tests (the torch backend's CUDA tensors too), for a machine with GPUs;
 # elsewhere the CUDA ones skip, saying why.

@@ -5,10 +5,13 @@
 - ``integration``: real processes over loopback TCP (init, both faces, launcher, DDP, examples,
   torch's engines and backend, bench).
 - ``faults``: the failure cases (dead, stopped and hostile peers, timeouts, lost connections).
+- ``hosts``: real multi-host jobs, each host a network namespace of a bed (``hosts/netbed.py``):
+  every operation, the host-aware forms, killed hosts and cut links; skipped, saying why,
+  where no namespace can be made (not root, no ``ip``).
 
 A test may name its tier itself, as the memory cases of ``integration/test_every_operation.py``
 do (``collectives``). ``make test-fast`` runs the first two (``-m "unit or collectives"``);
-``make test`` runs all.
+``make test-hosts`` the last; ``make test`` runs all.
 The shared helpers are the ``support`` package beside this file (``tests/`` is on ``sys.path``,
 as pytest puts a rootless conftest's folder there).
 """
@@ -24,7 +27,7 @@ import pytest
 
 from aiodist.transport import shm_segment
 
-TIERS = ("unit", "collectives", "integration", "faults")
+TIERS = ("unit", "collectives", "integration", "faults", "hosts")
 HERE = Path(__file__).resolve().parent
 
 

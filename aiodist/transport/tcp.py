@@ -17,12 +17,18 @@ receive is posted are held up to the mailbox's cap (``AIODIST_UNEXPECTED_CAP`` b
 by default); a message that would exceed it is not read at all: reading from that peer
 pauses until a receive for it is posted (its payload then lands straight in that buffer) or
 held messages are consumed. A timeout that happens meanwhile says so.
+
+A peer whose host stops answering (a cut link, a host that lost power: no FIN or RST ever
+comes) is lost once its host has acknowledged nothing for ``AIODIST_LINK_TIMEOUT`` seconds
+(60 by default; ``link_watch``), and every receive waiting on it fails naming the rank. A
+peer that is merely slow or stopped still acknowledges (its kernel does): it is not lost so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import socket
 import time
@@ -33,6 +39,7 @@ from typing import Any, cast
 from aiodist.errors import DistError, DistNetworkError, DistTimeoutError
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.transport.base import DISCARD, Fingerprint, Key, PendingRecv, Transport
+from aiodist.transport.link_watch import LinkWatch, link_timeout_from_env
 from aiodist.transport.shm import SETUP_TIMEOUT, ShmPaths
 from aiodist.wire.control import Control, Goodbye
 from aiodist.wire.frames import PAUSE, FrameReader, Limits, ProtocolError, encode_frame
@@ -74,6 +81,10 @@ _BELL_FRAME = encode_message(ShmFrame(ShmBell()))  # the doorbell of shared memo
 _DATA_SCRATCH = 256 * 1024
 # How long aclose() waits for peers to close their side after our goodbye.
 LEAVE_TIMEOUT = 2.0
+# The errors with which the kernel ends a connection whose peer's host stopped answering.
+_PATH_LOST = frozenset(
+    {errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN}
+)
 
 # An unexpected payload this large is not read into a buffer of its own at once: reading from
 # its peer pauses for a moment (``_park_delay``) in case its receive is about to be posted (the
@@ -145,6 +156,7 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self._paused = False
         self._deadline: asyncio.TimerHandle | None = None
         self.departed = False  # the peer said goodbye before closing
+        self.silent_for = 0.0  # seconds its host left us unacknowledged, when that ended it
         self.goodbye = Goodbye()  # how it said it leaves
 
     # -- asyncio callbacks -------------------------------------------------------------
@@ -425,6 +437,8 @@ class TcpTransport(Transport):
         self._retry_scheduled = False
         self._closing = False
         self.handshake_timeout = handshake_timeout_from_env(HANDSHAKE_TIMEOUT)
+        self.link_timeout = link_timeout_from_env()
+        self._links = LinkWatch(self.loop, self.link_timeout, self._link_silent)
         self.mailbox.on_drain = self._schedule_retry
         self.mailbox.on_post = self._schedule_retry
         self.port = 0
@@ -506,6 +520,8 @@ class TcpTransport(Transport):
 
     def _register(self, proto: _PeerProtocol) -> None:
         self._peers[proto.peer] = proto
+        if proto.transport is not None:
+            self._links.add(proto.peer, proto.transport.get_extra_info("socket"))
         self._shm.connected(proto.peer)
         fut = self._arrivals.get(proto.peer)
         if fut is None:
@@ -636,11 +652,19 @@ class TcpTransport(Transport):
         )
 
     # -- failure ----------------------------------------------------------------------
+    def _link_silent(self, peer: int, seconds: float) -> None:
+        """``peer``'s host has acknowledged nothing for ``seconds`` (``LinkWatch``): drop it."""
+        proto = self._peers.get(peer)
+        if proto is not None and proto.transport is not None:
+            proto.silent_for = seconds
+            proto.transport.abort()
+
     def _connection_lost(self, proto: _PeerProtocol, exc: Exception | None, *, mid_frame: bool) -> None:
         self._deferred.discard(proto)
         if proto.peer < 0 or self._peers.get(proto.peer) is not proto:
             return
         del self._peers[proto.peer]
+        self._links.remove(proto.peer)
         if self.closed or self._closing:
             self._shm.peer_gone(proto.peer, DistNetworkError(f"rank {self.rank}: transport closed"))
             return
@@ -654,6 +678,18 @@ class TcpTransport(Transport):
             return
         if cause is not None:
             err = DistNetworkError(f"connection to rank {proto.peer} was dropped: {cause}")
+        elif proto.silent_for or (isinstance(exc, OSError) and exc.errno in _PATH_LOST):
+            # (a cut link, a host that lost power: no FIN or RST ever came)
+            if proto.silent_for:
+                limit = f"for {proto.silent_for:.1f} s (AIODIST_LINK_TIMEOUT is {self.link_timeout:g} s)"
+            elif self.link_timeout > 0:
+                limit = f"for about {self.link_timeout:g} s (AIODIST_LINK_TIMEOUT)"
+            else:
+                limit = "until the kernel gave up on it"
+            err = DistNetworkError(
+                f"rank {proto.peer} stopped answering: its host acknowledged nothing {limit}; the "
+                "network path to it is cut, or its host is down" + (f" ({exc})" if exc else "")
+            )
         else:
             how = " in the middle of a frame" if mid_frame else ""
             err = DistNetworkError(
@@ -702,6 +738,7 @@ class TcpTransport(Transport):
         if self._server is not None:
             self._server.close()
         exc = DistNetworkError(f"rank {self.rank}: transport closed")
+        self._links.close()
         self._shm.close(exc)
         _busy_poll.for_loop(self.loop).remove_source(self._shm)
         self.mailbox.fail_all(exc)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket as socket_mod
 import struct
 import time
 from collections.abc import AsyncIterator
@@ -23,9 +24,15 @@ from support.faults import hostile_bytes, nested_msgpack_frame
 from support.waits import closed_within, eventually
 
 import aiodist.wire.frames as frames_mod
-from aiodist.errors import DistError, DistNetworkError, DistTimeoutError, GroupOutOfStepError
+from aiodist.errors import (
+    DistError,
+    DistNetworkError,
+    DistTimeoutError,
+    DistValueError,
+    GroupOutOfStepError,
+)
 from aiodist.group import PEER_LOSS_GRACE, ProcessGroup
-from aiodist.transport import tcp
+from aiodist.transport import link_watch, tcp
 from aiodist.transport.base import COLL
 from aiodist.transport.tcp import TcpTransport
 from aiodist.wire.frames import FrameReader, encode_frame
@@ -354,6 +361,101 @@ async def test_timeout_while_paused_at_the_cap_says_why_and_recovers() -> None:
         await asyncio.wait_for(g0.recv(small, 1, tag=2), 5)
         assert small[0] == 42.0
         await asyncio.gather(s1, s2)
+    finally:
+        for t in ts:
+            t.abort()
+
+
+# -- a silent peer's host is lost after AIODIST_LINK_TIMEOUT; a stopped reader is not --------------
+# (a real cut link needs hosts of their own: tests/hosts/test_host_failures.py)
+
+
+def _socket_of(t: TcpTransport, peer: int) -> Any:
+    proto = t._peers[peer]
+    assert proto.transport is not None
+    return proto.transport.get_extra_info("socket")
+
+
+async def test_every_peer_connection_is_probed_when_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ends, accepted and connected, send keepalive probes from a quarter of the link
+    timeout of silence on: an idle connection to a vanished host has something to go unanswered."""
+    monkeypatch.setenv("AIODIST_LINK_TIMEOUT", "8")
+    ts = await make_mesh(3)
+    try:
+        for t in ts:
+            for peer in (p for p in range(3) if p != t.rank):
+                sock = _socket_of(t, peer)
+                assert sock.getsockopt(socket_mod.SOL_SOCKET, socket_mod.SO_KEEPALIVE) == 1
+                if hasattr(socket_mod, "TCP_KEEPIDLE"):
+                    assert sock.getsockopt(socket_mod.IPPROTO_TCP, socket_mod.TCP_KEEPIDLE) == 2
+    finally:
+        for t in ts:
+            t.abort()
+
+
+async def test_a_link_timeout_of_zero_leaves_the_kernel_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIODIST_LINK_TIMEOUT", "0")
+    ts = await make_mesh(2)
+    try:
+        assert _socket_of(ts[0], 1).getsockopt(socket_mod.SOL_SOCKET, socket_mod.SO_KEEPALIVE) == 0
+    finally:
+        for t in ts:
+            t.abort()
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "inf"])
+def test_a_bad_link_timeout_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("AIODIST_LINK_TIMEOUT", value)
+    with pytest.raises(DistValueError, match=rf"AIODIST_LINK_TIMEOUT='{value}'"):
+        TcpTransport(0, 2, job=JOB, secret=SECRET, loop=asyncio.new_event_loop())
+
+
+async def test_a_silent_host_fails_what_waits_on_it_naming_the_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a cut link looks like to the kernel (rank 1's host acknowledges nothing while data
+    waits) is simulated here by the one function that reads it from the kernel; the real cut
+    is tests/hosts/test_host_failures.py. Rank 0's receive fails within about the link timeout,
+    naming rank 1 and why, and the group is broken."""
+    monkeypatch.setenv("AIODIST_LINK_TIMEOUT", "0.4")
+    ts = await make_mesh(2)
+    try:
+        g0, _ = groups(ts, timeout=20.0)
+        sock = _socket_of(ts[0], 1)
+        real = link_watch.unanswered_ms
+        monkeypatch.setattr(link_watch, "unanswered_ms", lambda s: 10_000 if s is sock else real(s))
+        t0 = time.monotonic()
+        with pytest.raises(
+            DistNetworkError, match=r"rank 1 stopped answering: its host acknowledged nothing for"
+        ) as info:
+            await asyncio.wait_for(g0.recv(np.zeros(4), 1), 10)
+        assert time.monotonic() - t0 < 5.0  # (0.4 s of silence, seen on two checks 0.1 s apart)
+        assert "AIODIST_LINK_TIMEOUT" in str(info.value) and "network path to it is cut" in str(info.value)
+        with pytest.raises(DistNetworkError, match="rank 1"):  # the group is broken
+            await asyncio.wait_for(g0.all_reduce(np.zeros(2)), 5)
+    finally:
+        for t in ts:
+            t.abort()
+
+
+async def test_a_reader_that_leaves_its_buffer_full_is_not_a_lost_link(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rank that reads nothing for three link timeouts (busy elsewhere, stopped, or paused at
+    the unexpected cap as here) still has its kernel answer its peer's probes: the connection
+    stays, and the 32 MiB message arrives whole once its receive is posted."""
+    monkeypatch.setenv("AIODIST_LINK_TIMEOUT", "1")
+    ts = await make_mesh(2, cap=1 << 20)
+    try:
+        g0, g1 = groups(ts, timeout=20.0)
+        big = np.arange(8 << 20, dtype=np.int32)  # far more than both socket buffers hold
+        sent = g1.send(big, 0, tag=1)
+        await asyncio.sleep(3.5)
+        assert ts[0]._deferred, "reading from rank 1 should be paused (the message exceeds the cap)"
+        assert not sent.is_completed() and not ts[0].dead_peers and not ts[1].dead_peers
+        got = np.zeros_like(big)
+        await asyncio.wait_for(asyncio.gather(g0.recv(got, 1, tag=1), sent), 10)
+        assert (got == big).all()
     finally:
         for t in ts:
             t.abort()

@@ -12,6 +12,7 @@ derive from rank and size.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -142,9 +143,15 @@ async def every_operation(
 
 
 async def async_suite(
-    rank: int, size: int, backend: str, kinds: tuple[str, ...], stage: bool = False
+    rank: int,
+    size: int,
+    backend: str,
+    kinds: tuple[str, ...],
+    stage: bool = False,
+    then: Callable[[], Awaitable[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
-    """Every operation of the async face for each tensor kind, then subgroups and Works."""
+    """Every operation of the async face for each tensor kind, then subgroups and Works;
+    ``then`` runs last, before the group is destroyed, and adds to the results."""
     import os
 
     os.environ.setdefault("LOCAL_RANK", str(rank))  # as aiodist-run sets it (nccl: the device)
@@ -195,6 +202,8 @@ async def async_suite(
     res["shm_bytes"] = shm_bytes()
     if stager is not None:
         res["stager"] = (stager.copies_in, stager.copies_out, stager.pool.hits, stager.pool.in_use_bytes)
+    if then is not None:
+        res.update(await then())
     await dist.destroy_process_group()
     if stager is not None:
         res["pool_after_destroy"] = (stager.pool.closed, stager.pool.cached_bytes)
@@ -240,10 +249,17 @@ def check_async_suite(res: list[dict[str, Any]], n: int, kinds: tuple[str, ...])
 
 
 def sync_suite(
-    rank: int, size: int, backend: str, device: str = "cpu", stage: bool = False, kind: str = "torch"
+    rank: int,
+    size: int,
+    backend: str,
+    device: str = "cpu",
+    stage: bool = False,
+    kind: str = "torch",
+    then: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """torch.distributed's blocking calls and ``async_op=True`` through the sync face, on torch
-    tensors (``kind`` "torch", on ``device``) or numpy arrays (``kind`` "numpy")."""
+    tensors (``kind`` "torch", on ``device``) or numpy arrays (``kind`` "numpy"); ``then`` runs
+    last, before the group is destroyed, and adds to the results."""
     import os
 
     import aiodist.sync as sd
@@ -342,6 +358,8 @@ def sync_suite(
     out["shm_bytes"] = shm_bytes()
     if stager is not None:
         out["stager"] = (stager.copies_in, stager.copies_out, stager.pool.hits, stager.pool.in_use_bytes)
+    if then is not None:
+        out.update(then())
     sd.destroy_process_group()
     if stager is not None:
         out["pool_after_destroy"] = (stager.pool.closed, stager.pool.cached_bytes)
@@ -370,6 +388,81 @@ def check_sync_suite(res: list[dict[str, Any]], n: int, kind: str = "torch") -> 
         assert out["objects"] == [{"a": (1, 2)}, [b"x", None]]
         assert out["all_gather_object"] == [{"rank": i} for i in range(n)]
         assert out["sub"] == (float(n - 1) if r in (0, n - 1) else float(r))
+
+
+def _object_of(r: int) -> dict[str, Any]:
+    """Rank ``r``'s object: plain data of several kinds, and a string long enough to take
+    more than one TCP segment."""
+    return {"rank": r, "pair": (r, str(r)), "raw": bytes([r]) * 3, "none": None, "long": "x" * (5000 + r)}
+
+
+async def every_object_operation(rank: int, size: int) -> dict[str, Any]:
+    """Every object collective of the async face, every root; check with ``check_object_operations``."""
+    n, r = size, rank
+    out: dict[str, Any] = {}
+    for root in range(n):
+        objs: list[Any] = [_object_of(root), [root] * 3] if r == root else [None, None]
+        await dist.broadcast_object_list(objs, src=root)
+        out[f"broadcast_object_list{root}"] = objs
+        gathered: list[Any] | None = [None] * n if r == root else None
+        await dist.gather_object(_object_of(r), gathered, dst=root)
+        if gathered is not None:
+            out["gather_object"] = gathered
+        scattered: list[Any] = [None]
+        await dist.scatter_object_list(
+            scattered, [_object_of(i) for i in range(n)] if r == root else None, src=root
+        )
+        out[f"scatter_object_list{root}"] = scattered[0]
+    every: list[Any] = [None] * n
+    await dist.all_gather_object(every, _object_of(r))
+    out["all_gather_object"] = every
+    if n > 1:  # a ring of send_object_list / recv_object_list
+        got: list[Any] = [None, None]
+        sent = dist.send_object_list([_object_of(r), "to"], (r + 1) % n)
+        out["recv_object_list"] = (await dist.recv_object_list(got, (r - 1) % n), got)
+        await sent
+    return out
+
+
+def sync_object_operations(rank: int, size: int) -> dict[str, Any]:
+    """``every_object_operation`` through the sync face (blocking, as torch's are)."""
+    import aiodist.sync as sd
+
+    n, r = size, rank
+    out: dict[str, Any] = {}
+    for root in range(n):
+        objs: list[Any] = [_object_of(root), [root] * 3] if r == root else [None, None]
+        sd.broadcast_object_list(objs, src=root)
+        out[f"broadcast_object_list{root}"] = objs
+        gathered: list[Any] | None = [None] * n if r == root else None
+        sd.gather_object(_object_of(r), gathered, dst=root)
+        if gathered is not None:
+            out["gather_object"] = gathered
+        scattered: list[Any] = [None]
+        sd.scatter_object_list(scattered, [_object_of(i) for i in range(n)] if r == root else None, src=root)
+        out[f"scatter_object_list{root}"] = scattered[0]
+    every: list[Any] = [None] * n
+    sd.all_gather_object(every, _object_of(r))
+    out["all_gather_object"] = every
+    if n > 1:  # a ring: even ranks send first, odd ones receive first (blocking calls)
+        got: list[Any] = [None, None]
+        for step in ("send", "recv") if r % 2 == 0 else ("recv", "send"):
+            if step == "send":
+                sd.send_object_list([_object_of(r), "to"], (r + 1) % n)
+            else:
+                out["recv_object_list"] = (sd.recv_object_list(got, (r - 1) % n), got)
+    return out
+
+
+def check_object_operations(o: dict[str, Any], r: int, n: int) -> None:
+    """The results of ``every_object_operation`` (or its sync twin) on rank ``r`` of ``n``."""
+    for root in range(n):
+        assert o[f"broadcast_object_list{root}"] == [_object_of(root), [root] * 3], (r, root)
+        assert o[f"scatter_object_list{root}"] == _object_of(r), (r, root)
+    assert o["gather_object"] == [_object_of(i) for i in range(n)], r
+    assert o["all_gather_object"] == [_object_of(i) for i in range(n)], r
+    if n > 1:
+        assert o["recv_object_list"] == ((r - 1) % n, [_object_of((r - 1) % n), "to"]), r
 
 
 async def memory_suite(n: int, kind: str, stage: bool) -> list[dict[str, Any]]:
