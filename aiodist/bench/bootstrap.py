@@ -24,20 +24,24 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
+import os
 import secrets
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from aiodist.bench import hosts
 from aiodist.bench.hosts import choose_master_address, ipv4_networks, network_identity
 from aiodist.bench.launchers import Launch
+from aiodist.bench.worker import JobConfig
 
 __all__ = [
     "BenchSetupError",
     "MpiSession",
     "free_port_anywhere",
     "mpi_rendezvous",
+    "prepare_environment",
     "start_mpi",
     "torchrun_rendezvous",
 ]
@@ -165,3 +169,57 @@ def torchrun_rendezvous(launch: Launch, environ: Mapping[str, str], timeout: flo
         store.set(key, str(free_port_anywhere()))
     port = store.get(key).decode()
     return port, PrefixStore("aiodist-bench/gloo", store)
+
+
+def prepare_environment(
+    launch: Launch, cfg: JobConfig, session: MpiSession | None, mpi_why: str | None
+) -> tuple[Any, list[str]]:
+    """Set this process's environment for its rank of the job, before aiodist starts.
+
+    Returns a torch store for gloo (torchrun's) or None, and lines that say where the
+    rendezvous and gloo's interface came from.
+
+    Raises:
+        BenchSetupError: the rendezvous address is unknown, or gloo's interface cannot be found.
+    """
+    notes: list[str] = []
+    if session is not None:
+        env, notes = mpi_rendezvous(session, os.environ)
+        os.environ.update(env)
+    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+    if missing:
+        how = (
+            f" (mpirun: install mpi4py, and rank 0 sends them over MPI; here: {mpi_why})"
+            if launch.is_mpi
+            else ""
+        )
+        raise BenchSetupError(
+            f"{launch.launcher} set no {' or '.join(missing)}: export MASTER_ADDR=<an address of rank 0's host> "
+            f"MASTER_PORT=<a free port> for every rank{how}"
+        )
+    torch_store = None
+    if launch.agent_store:
+        port, torch_store = torchrun_rendezvous(launch, os.environ, max(60.0, cfg.timeout))
+        notes.append(
+            f"MASTER_PORT={port} for aiodist: torchrun's MASTER_PORT is its own store's; rank 0 chose this port "
+            "and passed it through that store, which gloo uses too"
+        )
+        os.environ["MASTER_PORT"] = port
+    os.environ["RANK"] = str(launch.rank)
+    os.environ["WORLD_SIZE"] = str(launch.world_size)
+    if launch.local_world_size is not None:
+        # aiodist sizes its busy polling by the ranks sharing this host's cores.
+        os.environ.setdefault("LOCAL_WORLD_SIZE", str(launch.local_world_size))
+    # The transport asked for, whatever the caller's environment says (as in a spawned job).
+    if cfg.transport == "tcp":
+        os.environ["AIODIST_SHM"] = "0"
+    else:
+        os.environ.pop("AIODIST_SHM", None)
+    if cfg.compare:
+        try:
+            ifname, how = hosts.gloo_interface(os.environ["MASTER_ADDR"], os.environ)
+        except ValueError as exc:
+            raise BenchSetupError(str(exc)) from None
+        os.environ["GLOO_SOCKET_IFNAME"] = ifname
+        notes.append(f"gloo on rank 0: GLOO_SOCKET_IFNAME={ifname} ({how})")
+    return torch_store, notes

@@ -159,7 +159,7 @@ def placement(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 f"ranks {_ranges(h['ranks'])} share host id {h['host']!r} but run in {len(networks)} network "
                 f"namespaces (listening on {', '.join(h['addresses'])}): aiodist counts them as one host and "
                 "may move their data through shared memory, not the network; give each namespace its own "
-                "AIODIST_HOST_ID (or set AIODIST_SHM=0) to measure the network"
+                "AIODIST_HOST_ID (or run with --aiodist-transports tcp) to measure the network"
             )
     for h in hosts.values():
         h["ranks_text"] = _ranges(h["ranks"])

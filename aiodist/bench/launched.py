@@ -29,13 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiodist.bench import hosts, report
-from aiodist.bench.bootstrap import (
-    BenchSetupError,
-    MpiSession,
-    mpi_rendezvous,
-    start_mpi,
-    torchrun_rendezvous,
-)
+from aiodist.bench.bootstrap import BenchSetupError, MpiSession, prepare_environment, start_mpi
 from aiodist.bench.collect import JobCollector
 from aiodist.bench.launchers import Launch
 from aiodist.bench.mpi_worker import MpiRuntime
@@ -358,54 +352,6 @@ def _mpi_transport() -> str:
 _MCA_SHOWN = ("OMPI_MCA_pml", "OMPI_MCA_btl", "OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_osc")
 
 
-def _prepare(
-    launch: Launch, cfg: JobConfig, session: MpiSession | None, mpi_why: str | None
-) -> tuple[Any, list[str]]:
-    """Set this process's environment for the job; returns (torch store for gloo or None, notes).
-
-    Raises:
-        BenchSetupError: the rendezvous address is unknown, or gloo's interface cannot be found.
-    """
-    notes: list[str] = []
-    if session is not None:
-        env, notes = mpi_rendezvous(session, os.environ)
-        os.environ.update(env)
-    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
-    if missing:
-        how = (
-            f" (mpirun: install mpi4py, and rank 0 sends them over MPI; here: {mpi_why})"
-            if launch.is_mpi
-            else ""
-        )
-        raise BenchSetupError(
-            f"{launch.launcher} set no {' or '.join(missing)}: export MASTER_ADDR=<an address of rank 0's host> "
-            f"MASTER_PORT=<a free port> for every rank{how}"
-        )
-    torch_store = None
-    if launch.agent_store:
-        port, torch_store = torchrun_rendezvous(launch, os.environ, max(60.0, cfg.timeout))
-        notes.append(
-            f"MASTER_PORT={port} for aiodist: torchrun's MASTER_PORT is its own store's; rank 0 chose this port "
-            "and passed it through that store, which gloo uses too"
-        )
-        os.environ["MASTER_PORT"] = port
-    os.environ["RANK"] = str(launch.rank)
-    os.environ["WORLD_SIZE"] = str(launch.world_size)
-    if launch.local_world_size is not None:
-        # aiodist sizes its busy polling by the ranks sharing this host's cores.
-        os.environ.setdefault("LOCAL_WORLD_SIZE", str(launch.local_world_size))
-    if cfg.transport == "tcp":
-        os.environ["AIODIST_SHM"] = "0"
-    if cfg.compare:
-        try:
-            ifname, how = hosts.gloo_interface(os.environ["MASTER_ADDR"], os.environ)
-        except ValueError as exc:
-            raise BenchSetupError(str(exc)) from None
-        os.environ["GLOO_SOCKET_IFNAME"] = ifname
-        notes.append(f"gloo on rank 0: GLOO_SOCKET_IFNAME={ifname} ({how})")
-    return torch_store, notes
-
-
 def run_launched(
     args: argparse.Namespace, launch: Launch, cfg: JobConfig, argv: Sequence[str], started: datetime.datetime
 ) -> int:
@@ -435,7 +381,7 @@ def run_launched(
         elif want_mpi:
             tables.without_mpi(mpi_why or "MPI could not start")
     try:
-        torch_store, notes = _prepare(launch, cfg, session, mpi_why)
+        torch_store, notes = prepare_environment(launch, cfg, session, mpi_why)
     except BenchSetupError as exc:
         print(f"aiodist-bench: rank {launch.rank}: {exc}", file=sys.stderr, flush=True)
         _abort(session)

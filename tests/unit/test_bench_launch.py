@@ -119,7 +119,7 @@ def test_network_namespaces_of_one_host_id_are_pointed_out() -> None:
     place = placement([_record(0, "vm", "10.0.0.1", "ns-a"), _record(1, "vm", "10.0.0.2", "ns-b")])
     assert place["text"] == "1 host x 2 ranks"
     (note,) = place["notes"]
-    assert "2 network namespaces" in note and "AIODIST_HOST_ID" in note and "AIODIST_SHM=0" in note
+    assert "2 network namespaces" in note and "AIODIST_HOST_ID" in note and "--aiodist-transports tcp" in note
 
 
 def test_rank_0s_address_is_one_every_host_reaches() -> None:
