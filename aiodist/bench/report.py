@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
 import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -24,7 +30,12 @@ __all__ = [
     "format_table_row",
     "format_targets",
     "plot",
+    "print_targets",
+    "run_meta",
+    "save",
+    "size_text",
     "targets",
+    "wrong_elements",
 ]
 
 Result = dict[str, Any]
@@ -301,15 +312,16 @@ def _ratio_verdict(
     misses = [r for r in judged if r[key] < limit]
     me = aiodist_key(worst["impls"])
     figures = (
-        f"worst {worst['op']} {_size(worst['size'])}: {worst['impls'][me]['algbw']:.2f} vs "
+        f"worst {worst['op']} {size_text(worst['size'])}: {worst['impls'][me]['algbw']:.2f} vs "
         f"{worst['impls'][peer]['algbw']:.2f} GB/s; {len(misses)} of {len(judged)} rows below"
     )
     v = _verdict(job, f"{what}: algbw >= {limit} x {peer}", worst[key], worst[key] >= limit, figures)
-    v["misses"] = [f"{r['op']} {_size(r['size'])} ({r[key]:.2f})" for r in misses]
+    v["misses"] = [f"{r['op']} {size_text(r['size'])} ({r[key]:.2f})" for r in misses]
     return v
 
 
-def _size(nbytes: int) -> str:
+def size_text(nbytes: int) -> str:
+    """``4 B``, ``64 KiB``, ``16 MiB``: a size as the tables print it."""
     for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= f and nbytes % f == 0:
             return f"{nbytes // f} {unit}"
@@ -405,6 +417,15 @@ def targets(jobs: Sequence[dict[str, Any]]) -> list[Result]:
                 )
             )
     return out
+
+
+def print_targets(verdicts: Sequence[Result]) -> None:
+    """The verdicts as ``--targets`` prints them (or why there are none)."""
+    text = format_targets(verdicts)
+    if text:
+        print("\n" + text, flush=True)
+    else:
+        print("\n# targets: none to judge (they compare against gloo: run with --compare gloo)", flush=True)
 
 
 def verdict_word(v: Result) -> str:
@@ -548,7 +569,7 @@ def _headline(jobs: Sequence[dict[str, Any]], n: int) -> str:
     sizes = sorted({r["size"] for j in mine for r in j.get("rows", [])})
     for size in sizes[-1:]:
         for op in cases.COLLECTIVES:
-            cells = [f"{op} {_size(size)} algbw (GB/s)"]
+            cells = [f"{op} {size_text(size)} algbw (GB/s)"]
             peers = {"gloo": [], "mpi": []}
             found = False
             for j in mine:
@@ -580,8 +601,10 @@ def _headline(jobs: Sequence[dict[str, Any]], n: int) -> str:
                 mpi_mem.append(max(mem["mpi"]) / MiB)
         cells += [_peer_cell(gloo_mem, ".1f"), _peer_cell(mpi_mem[:1], ".1f")]
         rows.append(cells)
+    places = sorted({j["placement"] for j in mine if j.get("placement")})
+    where = f" ({', '.join(places)})" if places else ""
     return (
-        f"### {n} ranks\n\naiodist cells: its figure (its ratio to gloo measured alternating in the same "
+        f"### {n} ranks{where}\n\naiodist cells: its figure (its ratio to gloo measured alternating in the same "
         "job, its ratio to MPI); latency ratios are time ratios (lower is better), bandwidth ratios "
         "algbw ratios (higher is better). gloo: the median of its figures in this world size's jobs.\n\n"
         + _md_table(head, rows)
@@ -598,6 +621,10 @@ def markdown(data: dict[str, Any], *, with_targets: bool = False) -> str:
         f"Python {meta.get('python', '?')}, torch {meta.get('torch', '-')}); "
         f"`aiodist-bench {' '.join(meta.get('argv', []))}`."
     )
+    launch = meta.get("launch")
+    if launch:
+        hosts = "; ".join(f"`{h['hostname']}` ranks {h['ranks_text']}" for h in launch.get("hosts", []))
+        parts.append(f"Launched by {launch['launcher']} on {launch.get('placement') or '?'}: {hosts}.")
     mpi = meta.get("mpi")
     if mpi:
         parts.append(
@@ -666,3 +693,53 @@ def markdown(data: dict[str, Any], *, with_targets: bool = False) -> str:
             "every table</summary>\n\n" + "\n".join(body) + "\n</details>"
         )
     return "\n\n".join(parts) + "\n"
+
+
+# -- a run's record -------------------------------------------------------------------------------
+
+
+def run_meta(started: datetime.datetime, argv: Sequence[str], title: str) -> dict[str, Any]:
+    """The ``meta`` of a run's JSON: when, where (the host that printed the tables), how."""
+    meta: dict[str, Any] = {
+        "date": started.isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "argv": list(argv),
+        "title": title,
+    }
+    # The installed version, without importing torch (seconds): a launched rank 0 writes its
+    # results within the launcher's grace period after another rank failed.
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        meta["torch"] = importlib.metadata.version("torch")
+    return meta
+
+
+def wrong_elements(jobs: Sequence[dict[str, Any]]) -> int:
+    """Every wrong element of every row of every runtime."""
+    return sum(res["wrong"] for j in jobs for r in j["rows"] for res in r["impls"].values())
+
+
+def save(
+    data: dict[str, Any],
+    *,
+    json_path: str | None,
+    markdown_path: str | None,
+    plot_path: str | None,
+    with_targets: bool,
+) -> None:
+    """Write the files asked for (``--json``, ``--markdown``, ``--plot``), a line for each."""
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(data, f, indent=1)
+        print(f"# results written to {json_path}", flush=True)
+    if markdown_path:
+        with open(markdown_path, "w") as f:
+            f.write(markdown(data, with_targets=with_targets))
+        print(f"# markdown written to {markdown_path}", flush=True)
+    if plot_path:
+        try:
+            plot(data["jobs"], plot_path, str(data["meta"].get("title", "")))
+            print(f"# plot written to {plot_path}", flush=True)
+        except ImportError:
+            print("# no plot: matplotlib is not installed (pip install 'aiodist[bench]')", flush=True)

@@ -1,7 +1,8 @@
 """One rank of a benchmark job: aiodist (one face) and, with ``compare``, torch's gloo, side by side.
 
 (The MPI peer runs the same ``Worker`` in processes of its own, under ``mpiexec``: see
-``aiodist.bench.mpi_worker``.)
+``aiodist.bench.mpi_worker``; a launched job's ranks run it with MPI beside aiodist and gloo:
+see ``aiodist.bench.launched``.)
 
 Both runtimes live in the same process, each with its own connections. For every case the
 same buffers serve both (torch tensors are views of the numpy arrays), each runtime first
@@ -10,7 +11,8 @@ makes one checked call (``#wrong``), then the timed repetitions alternate betwee
 runtime's own barrier. A repetition times ``iters`` back-to-back blocking (or awaited)
 calls; the parent takes the slowest rank of each repetition and the median over them.
 
-Results go to the parent through a multiprocessing queue as plain tuples.
+Results go to the parent through a multiprocessing queue as plain tuples (in a launched job,
+to rank 0 through aiodist itself).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 from aiodist.bench import cases
 from aiodist.bench.cases import Buffers
 
-__all__ = ["AIODIST_NAMES", "JobConfig", "Runtime", "Worker", "iterations", "worker_main"]
+__all__ = ["AIODIST_NAMES", "JobConfig", "Runtime", "Worker", "have_torch", "iterations", "worker_main"]
 
 STREAM_BURST = 100  # messages per repetition of the "stream" case
 
@@ -358,7 +360,7 @@ class Worker:
             import aiodist.sync as sd
 
             sd.init_process_group("gloo", "env://", timeout=datetime.timedelta(seconds=timeout))
-            self.runtimes.append(BlockingTorchLike(cfg.aiodist_name, sd, use_torch=_have_torch()))
+            self.runtimes.append(BlockingTorchLike(cfg.aiodist_name, sd, use_torch=have_torch()))
         if cfg.compare:
             import torch.distributed as td
 
@@ -437,21 +439,28 @@ class Worker:
         kind = "latency" if latency else "case"
         self.emit(kind, rank, op, nbytes, count, {k: (v, wrong.get(k, 0)) for k, v in times.items()})
 
+    async def report(self) -> None:
+        """Called after each step (the memory probe, every case): a launched job's ranks send
+        what they emitted to rank 0 here; a spawned job's are on their queue already."""
+
     async def run(self) -> None:
         await self.setup()
         self.emit("ready", self.rank)
         if self.cfg.memory_bytes:
             await self.memory()
+            await self.report()
         if self.cfg.latency:
             for op, nbytes in cases.LATENCY:
                 await self.case(op, nbytes, latency=True)
+                await self.report()
         for op in self.cfg.ops:
             for nbytes in self.cfg.sizes:
                 await self.case(op, nbytes)
+                await self.report()
         await self.teardown()
 
 
-def _have_torch() -> bool:
+def have_torch() -> bool:
     try:
         import torch  # noqa: F401
     except ImportError:
