@@ -24,12 +24,12 @@ from aiodist.backends.native import NATIVE
 from aiodist.backends.staged import CudaStager, StagedBackend, Stager
 from aiodist.errors import DistError
 from aiodist.group import ProcessGroup
-from aiodist.rendezvous import local_address_towards
+from aiodist.rendezvous import local_address_towards, torchelastic
 from aiodist.runtime.loop_thread import LoopThread, get_loop_thread
 from aiodist.store import PrefixStore
+from aiodist.store.c10d import TorchStore
 from aiodist.torch._adapter import Adapter
 from aiodist.torch._build import ExtensionBuildError, load_extension
-from aiodist.torch._store import TorchStore
 from aiodist.transport.base import Transport
 from aiodist.transport.mesh import claim_rank, connect_mesh
 from aiodist.wire.handshake import secret_from_env
@@ -104,14 +104,20 @@ def _host_of(store: Any) -> str:
 
 async def _connect(store: Any, rank: int, size: int, name: str, timeout: float) -> _Mesh:
     attempt = _attempts[name] = _attempts.get(name, 0) + 1
-    aio_store = PrefixStore(f"aiodist/{attempt}", TorchStore(store, timeout))
+    # Under torchrun the store outlives a restart of the worker group, whose processes count
+    # their groups from 1 again: the restart count keeps each attempt's keys apart.
+    restart = torchelastic.restart_attempt()
+    aio_store = PrefixStore(f"aiodist/attempt_{restart}/{attempt}", TorchStore(store, timeout))
+    secret = secret_from_env()
+    if secret is None and torchelastic.uses_agent_store():
+        secret = await torchelastic.peer_secret(aio_store)  # torchrun sets none; see that module
     me = await claim_rank(aio_store, rank, size)
     transport = await connect_mesh(
         aio_store,
         me,
         size,
         group_name=f"torch/{name}",
-        secret=secret_from_env(),
+        secret=secret,
         host=_host_of(store),
         timeout=timeout,
     )
