@@ -22,6 +22,9 @@ from support.launcher import REPO, SCRIPTS, launch, launcher_env
 import aiodist
 from aiodist.testing import free_port
 
+torch = pytest.importorskip("torch")
+from torch.utils.data import DistributedSampler  # noqa: E402
+
 pytestmark = pytest.mark.timeout(150)
 
 CONVERTED = str(SCRIPTS / "converted.py")
@@ -59,10 +62,14 @@ def check_attempt(found: dict[tuple[int, int], dict[str, Any]], attempt: int, si
     expected = [float(size * i + size * (size - 1) // 2) for i in range(4)]
     words = {rec["word"] for rec in records}
     assert words == {f"attempt {attempt}, pid {found[attempt, 0]['pid']}"}, records
-    for rec in records:
+    for rank, rec in enumerate(records):
         assert rec["size"] == size
         assert rec["total"] == expected
         assert rec["thirds"] == [str(Fraction(r + 1, 3)) for r in range(size)]
+        # DistributedSampler asked torch.distributed for this rank's place in the job.
+        told = DistributedSampler(range(10), num_replicas=size, rank=rank, seed=attempt)
+        assert rec["sampler"] == list(told)
+        assert rec["through torch"] == [float(size * (size + 1) // 2)] * 2
 
 
 def test_standalone(tmp_path: Path) -> None:

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed
+from torch.utils.data import DistributedSampler
 
 if os.environ.get("TORCH_BACKEND_AIODIST"):
     # The unconverted script, on aiodist's registered torch backend instead.
@@ -41,6 +43,11 @@ dist.broadcast_object_list(word, src=0)
 thirds: list[object] = [None] * size
 dist.all_gather_object(thirds, fractions.Fraction(rank + 1, 3))
 
+# torch's helpers ask torch.distributed, which sees the same job (the sync face's init saw to it).
+sampler = DistributedSampler(range(10), seed=attempt)
+through_torch = torch.full((2,), float(rank + 1))
+torch.distributed.all_reduce(through_torch)
+
 record = {
     "rank": rank,
     "size": size,
@@ -49,6 +56,8 @@ record = {
     "total": total.tolist(),
     "word": word[0],
     "thirds": [str(t) for t in thirds],
+    "sampler": list(sampler),
+    "through torch": through_torch.tolist(),
 }
 Path(os.environ["OUT_DIR"], f"attempt_{attempt}_rank_{rank}.json").write_text(json.dumps(record))
 if os.environ.get("FAIL_ONCE_RANK") == str(rank) and attempt == 0:
