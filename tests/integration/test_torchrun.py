@@ -79,9 +79,26 @@ def test_standalone(tmp_path: Path) -> None:
     check_attempt(results(tmp_path), 0, 2)
 
 
+def test_the_async_face(tmp_path: Path) -> None:
+    proc = torchrun(
+        ["--standalone", "--nproc-per-node", "2", str(REPO / "examples" / "hello_async.py")], tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):
+        assert f"rank {rank} of 2: all_reduce -> [3. 3. 3.], broadcast from rank 0 -> [7 7]" in proc.stdout
+
+
 def test_static_rendezvous_on_a_given_port(tmp_path: Path) -> None:
     # Without --standalone, a single node's torchrun hosts its store at --master-port.
     proc = torchrun(["--nproc-per-node", "2", "--master-port", str(free_port()), CONVERTED], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    check_attempt(results(tmp_path), 0, 2)
+
+
+def test_when_torchrun_shares_no_store_rank_0_hosts_one(tmp_path: Path) -> None:
+    """TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torchrun hosts no store for its workers (as aiodist-run)."""
+    args = ["--standalone", "--nproc-per-node", "2", CONVERTED]
+    proc = torchrun(args, tmp_path, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", AIODIST_SECRET="s3cret")
     assert proc.returncode == 0, proc.stderr
     check_attempt(results(tmp_path), 0, 2)
 
