@@ -341,6 +341,15 @@ async def resolve_rendezvous(
         if _torchelastic.uses_agent_store():
             agent = await _torchelastic.join_agent_store(host, port, rank, timeout)
             drawn = None if secret_from_env() else await _torchelastic.peer_secret(agent.store)
+            log.info(
+                "aiodist: rank %d joined the store torchrun hosts at %s (restart attempt %d)%s",
+                rank,
+                _addr(host, port),
+                agent.attempt,
+                "; no AIODIST_SECRET: peers authenticate with a key drawn through that store"
+                if drawn
+                else "",
+            )
             watch = functools.partial(_torchelastic.watch_attempt, agent.job, agent.attempt, rank)
             return Rendezvous(agent.store, rank, world_size, True, host, drawn, agent.where, watch)
         st = await _tcp_store(host, port, world_size, rank, timeout)
