@@ -14,6 +14,8 @@ TORCHELASTIC_RESTART_COUNT,   how many times the group was restarted before this
 AIODIST_RESTART_COUNT
 TORCHELASTIC_MAX_RESTARTS     ``--max-restarts``
 TORCHELASTIC_RUN_ID           the run id (``--run-id``/``--rdzv-id`` or a timestamp)
+TORCHELASTIC_USE_AGENT_STORE  ``False``: the launcher hosts no store; rank 0's ``init_process_group``
+                              does (torchrun's agent hosts one and says ``True``)
 AIODIST_SECRET                see :func:`resolve_secret`
 OMP_NUM_THREADS               ``1`` when unset and more than one worker shares the node
 AIODIST_HOST                  ``--local-addr``, when given (the address the workers listen on)
@@ -98,6 +100,8 @@ def worker_env(
         AIODIST_RESTART_COUNT=str(restart_count),
         TORCHELASTIC_MAX_RESTARTS=str(config.max_restarts),
         TORCHELASTIC_RUN_ID=config.run_id,
+        # Never inherited: torch's env:// and aiodist's would look for an agent's store at MASTER_PORT.
+        TORCHELASTIC_USE_AGENT_STORE=str(False),
     )
     if secret is not None:
         env[SECRET_ENV] = secret

@@ -13,9 +13,8 @@ for torch's gloo group on the network.
   NCCL's unique id, rank 0 sends what is missing over MPI: an address of its host that every
   other rank's host shares a network with (127.0.0.1 when all share its network stack), a free
   port, and a fresh ``AIODIST_SECRET``.
-- **Under torchrun**, MASTER_ADDR:MASTER_PORT is torch's own store (the agent's), which
-  aiodist's rendezvous cannot host at: rank 0 picks a free port for aiodist's store and passes
-  it through torch's store; gloo uses torch's store directly.
+- **Under torchrun**, MASTER_ADDR:MASTER_PORT is torch's own store (the agent's): aiodist's
+  rendezvous joins it as a client, and gloo meets there too, under a prefix of its own.
 - **gloo** elsewhere: rank 0 hosts a torch ``TCPStore`` on a free port of every interface and
   sends its port to the others over aiodist (``broadcast_object_list``) once aiodist is up.
 """
@@ -150,11 +149,9 @@ def mpi_rendezvous(session: MpiSession, environ: Mapping[str, str]) -> tuple[dic
     return decision
 
 
-def torchrun_rendezvous(launch: Launch, environ: Mapping[str, str], timeout: float) -> tuple[str, Any]:
-    """Under torchrun: aiodist's MASTER_PORT, passed through torch's store, and that store for gloo.
-
-    Returns ``(port, torch store for gloo)``.
-    """
+def torchrun_rendezvous(launch: Launch, environ: Mapping[str, str], timeout: float) -> Any:
+    """Under torchrun: torchrun's store (its agent's, at MASTER_ADDR:MASTER_PORT), for gloo, under
+    a prefix of this restart attempt's (aiodist's own rendezvous joins the same store itself)."""
     from torch._C._distributed_c10d import PrefixStore, TCPStore
 
     store = TCPStore(
@@ -164,11 +161,7 @@ def torchrun_rendezvous(launch: Launch, environ: Mapping[str, str], timeout: flo
         False,
         timeout=datetime.timedelta(seconds=timeout),
     )
-    key = f"aiodist-bench/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/master-port"
-    if launch.rank == 0:
-        store.set(key, str(free_port_anywhere()))
-    port = store.get(key).decode()
-    return port, PrefixStore("aiodist-bench/gloo", store)
+    return PrefixStore(f"aiodist-bench/gloo/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def prepare_environment(
@@ -199,12 +192,8 @@ def prepare_environment(
         )
     torch_store = None
     if launch.agent_store:
-        port, torch_store = torchrun_rendezvous(launch, os.environ, max(60.0, cfg.timeout))
-        notes.append(
-            f"MASTER_PORT={port} for aiodist: torchrun's MASTER_PORT is its own store's; rank 0 chose this port "
-            "and passed it through that store, which gloo uses too"
-        )
-        os.environ["MASTER_PORT"] = port
+        torch_store = torchrun_rendezvous(launch, os.environ, max(60.0, cfg.timeout))
+        notes.append("aiodist and gloo meet at torchrun's store (MASTER_ADDR:MASTER_PORT, its agent's)")
     os.environ["RANK"] = str(launch.rank)
     os.environ["WORLD_SIZE"] = str(launch.world_size)
     if launch.local_world_size is not None:

@@ -27,6 +27,7 @@ from aiodist.rendezvous import (
     job_namespace,
     local_address_towards,
     resolve_rendezvous,
+    while_current,
 )
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.runtime import log_level as _logging
@@ -149,8 +150,9 @@ async def init_process_group(
             init_method, rank=rank, world_size=world_size, timeout=left, store=store
         )
         try:
-            job_store: Store = await job_namespace(rdv, group_name, left)
-            my_rank, host, transport = await _join(rdv, job_store, group_name, secret, left)
+            job_store, (my_rank, host, transport) = await while_current(
+                rdv, _meet(rdv, group_name, secret or rdv.secret, left)
+            )
             if rdv.owns_store:
                 rdv.store.set_timeout(seconds)  # later store calls get the job's timeout, not what was left
             break
@@ -198,6 +200,14 @@ async def init_process_group(
     _world = w
     _leave_at_exit(loop)
     log.debug("aiodist: rank %d of %d initialised (pid %d)", my_rank, rdv.world_size, os.getpid())
+
+
+async def _meet(
+    rdv: Rendezvous, group_name: str, secret: bytes | None, timeout: float
+) -> tuple[Store, tuple[int, str, Transport]]:
+    """This init's namespace in the rendezvous store, and ``_join``'s (rank, host, transport)."""
+    job_store = await job_namespace(rdv, group_name, timeout)
+    return job_store, await _join(rdv, job_store, group_name, secret, timeout)
 
 
 async def _join(

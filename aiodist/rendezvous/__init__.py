@@ -4,6 +4,8 @@ Forms understood (torch's, plus the variables of other launchers):
 
 - ``None`` / ``env://``: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE; when RANK/WORLD_SIZE are
   unset, OMPI_COMM_WORLD_RANK/SIZE (mpirun), PMI_RANK/PMI_SIZE, SLURM_PROCID/SLURM_NTASKS.
+  Under torchrun (``TORCHELASTIC_USE_AGENT_STORE=True``) every rank joins the store torchrun's
+  agent hosts there, one namespace per restart (``aiodist.rendezvous.torchelastic``).
 - ``tcp://host:port``: a TCPStore at host:port, hosted by rank 0 (or, with ``rank=-1``,
   by whichever process binds the port first).
 - ``tcp://<multicast group>:port``: the legacy form; ranks find each other over UDP
@@ -13,21 +15,27 @@ Forms understood (torch's, plus the variables of other launchers):
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import fcntl
+import functools
 import ipaddress
 import logging
 import os
 import socket
 import struct
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import parse_qs, urlparse
 
 from aiodist.errors import DistStoreError, DistValueError
+from aiodist.rendezvous import torchelastic as _torchelastic
 from aiodist.runtime.progress import every
 from aiodist.store import FileStore, PrefixStore, Store, TCPStore
 from aiodist.store.base import PORT_ADVICE, ForeignStoreError
 from aiodist.transport.mesh import namespace
+from aiodist.wire.handshake import secret_from_env
 
 log = logging.getLogger("aiodist")
 
@@ -38,7 +46,9 @@ _last_namespace: dict[str, str] = {}
 # a store it may join (another job sharing the address) from another program.
 PROBE_SECONDS = 5.0
 
-__all__ = ["Rendezvous", "job_namespace", "local_address_towards", "resolve_rendezvous"]
+__all__ = ["Rendezvous", "job_namespace", "local_address_towards", "resolve_rendezvous", "while_current"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -50,6 +60,15 @@ class Rendezvous:
     world_size: int
     owns_store: bool  # we created it: close it on destroy
     master_addr: str | None  # where the job meets; decides which interface peers listen on
+    # The key peers authenticate with when AIODIST_SECRET is unset (None: none), drawn through
+    # the store by the rendezvous: under torchrun (see ``torchelastic.peer_secret``).
+    secret: bytes | None = None
+    # The store, named alike by every init of this process that meets the same store (None:
+    # name it by its address or path): ``job_namespace`` remembers each one's last namespace.
+    where: str | None = None
+    # Runs beside the rest of the rendezvous, and raises if the rendezvous can no longer
+    # complete (torchrun's nodes in different restart attempts): see ``while_current``.
+    watch: Callable[[], Awaitable[None]] | None = None
 
 
 _ENV_PAIRS = (
@@ -319,6 +338,20 @@ async def resolve_rendezvous(
             raise DistValueError(
                 "init_method env:// needs RANK (or rank=, or an mpirun/PMI/Slurm rank variable)"
             )
+        if _torchelastic.uses_agent_store():
+            agent = await _torchelastic.join_agent_store(host, port, rank, timeout)
+            drawn = None if secret_from_env() else await _torchelastic.peer_secret(agent.store)
+            log.info(
+                "aiodist: rank %d joined the store torchrun hosts at %s (restart attempt %d)%s",
+                rank,
+                _addr(host, port),
+                agent.attempt,
+                "; no AIODIST_SECRET: peers authenticate with a key drawn through that store"
+                if drawn
+                else "",
+            )
+            watch = functools.partial(_torchelastic.watch_attempt, agent.job, agent.attempt, rank)
+            return Rendezvous(agent.store, rank, world_size, True, host, drawn, agent.where, watch)
         st = await _tcp_store(host, port, world_size, rank, timeout)
         return Rendezvous(st, rank, world_size, True, host)
 
@@ -374,7 +407,9 @@ async def job_namespace(rdv: Rendezvous, group_name: str, timeout: float) -> Sto
         DistTimeoutError: rank 0 did not open the namespace in time.
     """
     st = rdv.store
-    if isinstance(st, TCPStore):
+    if rdv.where is not None:
+        where = f"{rdv.where} {group_name}"
+    elif isinstance(st, TCPStore):
         where = f"tcp {st.host}:{st.port} {group_name}"
     else:
         where = f"{type(st).__name__} {getattr(st, 'path', id(st))} {group_name}"
@@ -400,6 +435,34 @@ async def job_namespace(rdv: Rendezvous, group_name: str, timeout: float) -> Sto
     )
     _last_namespace[where] = name
     return PrefixStore(name, st)
+
+
+async def while_current(rdv: Rendezvous, work: Awaitable[T]) -> T:
+    """Await ``work`` (the rest of the rendezvous through ``rdv``) while ``rdv.watch`` lets it.
+
+    Raises:
+        What ``work`` raises; or, when the watch raises first (or ``work`` failed because of
+        what the watch then reports), the watch's error, ``work`` cancelled.
+    """
+    if rdv.watch is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(rdv.watch())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done() and task.exception() is None:
+            return task.result()  # every rank met: whatever the watch says came too late to matter
+        if task.done():
+            # The rendezvous failed: say so, unless the watch (given two of its turns) knows why.
+            await asyncio.wait({watch}, timeout=2 * _torchelastic.WATCH_INTERVAL)
+            if not watch.done():
+                return task.result()  # raises the rendezvous' error
+        watch.result()  # raises the watch's error (it never returns)
+        raise AssertionError("a rendezvous watch returned")
+    finally:
+        for t in (task, watch):
+            t.cancel()
+        await asyncio.gather(task, watch, return_exceptions=True)
 
 
 def _need_world_size(world_size: int, where: str) -> None:

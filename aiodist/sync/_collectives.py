@@ -12,12 +12,12 @@ import aiodist.face.object_collectives as _o
 import aiodist.face.tensor_collectives as _c
 from aiodist._docs import SYNC_COLLECTIVE, SYNC_OBJECTS, contract, sync_collective
 from aiodist.errors import DistTypeError
+from aiodist.face.sparse import is_sparse, sparse_all_reduce
 from aiodist.ops import ReduceOp
 from aiodist.sync._bridge import call
 from aiodist.sync._core import check_complex_op
 from aiodist.sync._launch import run_op, run_out_in
 from aiodist.sync._preamble import ANY, resolved, torch_op
-from aiodist.sync._sparse import is_sparse, sparse_all_reduce
 from aiodist.work import Work
 
 __all__ = [

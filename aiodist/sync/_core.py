@@ -26,6 +26,7 @@ from aiodist.errors import DistError, DistTypeError, DistValueError, Unsupported
 from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp, as_reduce_op
 from aiodist.runtime.timeouts import as_seconds
+from aiodist.sync import _torch_default
 from aiodist.sync._bridge import call, on_loop, run, start_p2p
 from aiodist.sync._launch import profiling, run_op
 from aiodist.sync._preamble import ANY, NON_GROUP_MEMBER, not_in_group, resolved, torch_op
@@ -299,12 +300,21 @@ def init_process_group(
         group_name: keeps jobs sharing an address or file apart.
         device_id: this rank's CUDA device (see ``aiodist.init_process_group``).
         pg_options: accepted for compatibility.
+
+    In a program that has imported torch, ``torch.distributed`` gets the same default group too
+    (on the "aiodist" backend, over this job's connections), for torch's helpers such as
+    ``DistributedSampler``; ``AIODIST_TORCH_DEFAULT_GROUP`` (auto, 1, 0) decides (see
+    ``aiodist.sync._torch_default``), and ``destroy_process_group`` destroys it.
+
     Raises:
         DistTimeoutError: the rendezvous did not complete in time (names the missing ranks).
-        DistValueError: bad arguments, or the default group already exists.
+        DistValueError: bad arguments, the default group already exists, or torch's default
+            group could not be made as ``AIODIST_TORCH_DEFAULT_GROUP`` asks (the job is then
+            left again; the message says why and what to do).
     """
     global _backend_name
     name = _backend_for_cpu(backend)
+    for_torch = _torch_default.mode()  # a bad value fails before the rendezvous
     run(
         _world.init_process_group(
             name,
@@ -318,15 +328,25 @@ def init_process_group(
         )
     )
     _backend_name = name
+    try:
+        _torch_default.initialise_for_torch(for_torch)
+    except BaseException:
+        destroy_process_group()
+        raise
 
 
 @torch_op()
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
-    """Destroy ``group``, or with None every group and connection (the process may init again)."""
+    """Destroy ``group``, or with None every group and connection (the process may init again).
+
+    With None, torch.distributed's default group made by ``init_process_group`` (and the groups
+    torch made after it) are destroyed first, if torch still has it.
+    """
     global _backend_name
     if group is None or group is GroupMember.WORLD:
         _backend_name = None
         group = None
+        _torch_default.release_for_torch()  # torch's default group runs on this job's connections
     run(_world.destroy_process_group(group))
 
 

@@ -31,12 +31,12 @@ from aiodist.errors import (
 from aiodist.face import p2p as _p2p
 from aiodist.face import tensor_collectives as _collectives
 from aiodist.face.monitored_barrier import monitored_barrier as _monitored_barrier
+from aiodist.face.sparse import sparse_all_reduce as _sparse_all_reduce
 from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.runtime.loop_thread import LoopThread
 from aiodist.runtime.origin import mark_thread
-from aiodist.sync._sparse import sparse_all_reduce as _sparse_all_reduce
 from aiodist.work import Work
 
 __all__ = ["Adapter", "error_kind"]
@@ -223,7 +223,7 @@ class Adapter:
         Blocking because its steps depend on one another's results (the sizes the indices and
         values are padded to), and a step started later from a callback could take its place
         in the group's order after an operation the caller started meanwhile, differently on
-        each rank. ``aiodist.sync`` runs it the same way (see ``aiodist.sync._sparse``).
+        each rank. ``aiodist.sync`` runs it the same way (see ``aiodist.face.sparse``).
         """
         what = "all_reduce (sparse)"
         if self._lt.in_loop_thread():

@@ -5,18 +5,22 @@ torch used) and keeps that mesh for the groups created after it: ``new_group(ran
 backend="aiodist")`` is then an aiodist group over the same connections (keyed apart by an
 id derived from torch's group name, which every member agrees on). A group created while the
 default group is not on aiodist (e.g. gloo) connects a mesh of its own among its members.
+When ``aiodist.sync`` lends its job's connections (``lend_world``: its init gives torch the same
+default group, see ``aiodist.torch._default_group``), the default group and those after it run
+over them instead, with ids of their own (``SHARED_GIDS``), and connect nothing.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import hashlib
 import logging
 import os
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,17 +28,17 @@ from aiodist.backends.native import NATIVE
 from aiodist.backends.staged import CudaStager, StagedBackend, Stager
 from aiodist.errors import DistError
 from aiodist.group import ProcessGroup
-from aiodist.rendezvous import local_address_towards
+from aiodist.rendezvous import local_address_towards, torchelastic
 from aiodist.runtime.loop_thread import LoopThread, get_loop_thread
 from aiodist.store import PrefixStore
+from aiodist.store.c10d import TorchStore
 from aiodist.torch._adapter import Adapter
 from aiodist.torch._build import ExtensionBuildError, load_extension
-from aiodist.torch._store import TorchStore
 from aiodist.transport.base import Transport
 from aiodist.transport.mesh import claim_rank, connect_mesh
 from aiodist.wire.handshake import secret_from_env
 
-__all__ = ["BACKEND_NAME", "create_backend"]
+__all__ = ["BACKEND_NAME", "SHARED_GIDS", "create_backend", "lend_world"]
 
 BACKEND_NAME = "aiodist"
 
@@ -49,6 +53,12 @@ class _Mesh:
     stager: Stager
     groups: list[ProcessGroup] = field(default_factory=list)
     closed: bool = False
+    # False: the connections are the sync face's (``lend_world``), closed by its destroy.
+    owns_transport: bool = True
+    # Added to the id of every group on this mesh: apart from the sync face's own groups.
+    gid_base: int = 0
+    # The level of every group on this mesh: the Python-only one (lent meshes, unless "cpp").
+    python_only: bool = False
 
 
 _lock = threading.Lock()
@@ -64,6 +74,11 @@ _adapters: dict[str, Adapter] = {}  # by torch group name, while the group lives
 # memory (it touches nothing of CUDA until a CUDA tensor comes). Tests put a HostStager here
 # (``set_stager_factory``) to run the staging path of every operation where there is no GPU.
 _stager_factory: Callable[[], Stager] = CudaStager
+# The sync face's World while torch creates its default group over it (``lend_world``).
+_lent: Any = None
+#: Ids of torch's groups on the sync face's connections start here (the sync face numbers its
+#: own groups from 0, and from 1 << 48 for groups of local synchronisation).
+SHARED_GIDS = 1 << 62
 
 
 def set_stager_factory(factory: Callable[[], Stager] | None) -> Callable[[], Stager]:
@@ -76,6 +91,24 @@ def set_stager_factory(factory: Callable[[], Stager] | None) -> Callable[[], Sta
     with _lock:
         old, _stager_factory = _stager_factory, (factory or CudaStager)
     return old
+
+
+@contextlib.contextmanager
+def lend_world(world: Any) -> Iterator[None]:
+    """While inside, torch's next default group on "aiodist" runs over ``world``'s connections.
+
+    ``world`` is the sync face's ``aiodist.face.world.World`` (its default group's rank and
+    size must be the ones torch is given). The group is one of its own on those connections,
+    its operations numbered apart from the sync face's; destroying it leaves them open.
+    """
+    global _lent
+    with _lock:
+        _lent = world
+    try:
+        yield
+    finally:
+        with _lock:
+            _lent = None
 
 
 def _group_id(name: str) -> int:
@@ -104,14 +137,20 @@ def _host_of(store: Any) -> str:
 
 async def _connect(store: Any, rank: int, size: int, name: str, timeout: float) -> _Mesh:
     attempt = _attempts[name] = _attempts.get(name, 0) + 1
-    aio_store = PrefixStore(f"aiodist/{attempt}", TorchStore(store, timeout))
+    # Under torchrun the store outlives a restart of the worker group, whose processes count
+    # their groups from 1 again: the restart count keeps each attempt's keys apart.
+    restart = torchelastic.restart_attempt()
+    aio_store = PrefixStore(f"aiodist/attempt_{restart}/{attempt}", TorchStore(store, timeout))
+    secret = secret_from_env()
+    if secret is None and torchelastic.uses_agent_store():
+        secret = await torchelastic.peer_secret(aio_store)  # torchrun sets none; see that module
     me = await claim_rank(aio_store, rank, size)
     transport = await connect_mesh(
         aio_store,
         me,
         size,
         group_name=f"torch/{name}",
-        secret=secret_from_env(),
+        secret=secret,
         host=_host_of(store),
         timeout=timeout,
     )
@@ -134,7 +173,8 @@ def _close_mesh(lt: LoopThread, mesh: _Mesh, reason: str) -> None:
     async def close() -> None:
         for g in mesh.groups:
             g.abort(reason)
-        await mesh.transport.aclose()
+        if mesh.owns_transport:
+            await mesh.transport.aclose()
 
     lt.run(close(), timeout=30)
     mesh.stager.close()
@@ -175,7 +215,11 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
             "group. Use 'aiodist' alone (CUDA tensors, where torch has CUDA, are staged through "
             "host memory) or 'cpu:aiodist,cuda:gloo'"
         )
-    ext = _extension_or_none()
+    with _lock:
+        lent = _lent if not opts.global_ranks_in_group else None
+        python_only = _job_mesh is not None and _job_mesh.python_only and bool(opts.global_ranks_in_group)
+    # Lending the sync face's world builds nothing unasked: the Python-only level unless "cpp".
+    ext = None if python_only else _extension_or_none(build=lent is None)
     if ext is None and others:
         # torch puts a Python group in the place of the whole group and creates no other
         # backend after it: the other devices' backends would be silently dropped.
@@ -202,10 +246,13 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
         # the CPU half connected), so nothing can use the mesh: close it rather than leak it.
         _close_mesh(lt, stale, "the default process group was created again")
     if shared is not None and not shared.closed:
-        mesh, owns, ranks, gid = shared, False, global_ranks, _group_id(name)
+        mesh, owns, ranks, gid = shared, False, global_ranks, shared.gid_base | _group_id(name)
     else:
-        mesh = lt.run(_connect(opts.store, rank, size, name, seconds))
-        owns, ranks, gid = True, list(range(size)), 0
+        if lent is not None:
+            mesh = _lent_mesh(lent, rank, size, python_only=ext is None)
+        else:
+            mesh = lt.run(_connect(opts.store, rank, size, name, seconds))
+        owns, ranks, gid = True, list(range(size)), mesh.gid_base | (_group_id(name) if lent else 0)
         with _lock:
             _open_meshes.append(mesh)
             if is_default:
@@ -251,6 +298,21 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
     return ext.AiodistBackend(rank, size, adapter)
 
 
+def _lent_mesh(world: Any, rank: int, size: int, *, python_only: bool) -> _Mesh:
+    """The sync face's connections, for torch's default group (see ``lend_world``)."""
+    group = world.default_group
+    if (rank, size) != (group.rank, group.size):
+        raise DistError(
+            f"torch's default group is rank {rank} of {size}, and the aiodist.sync job it should share "
+            f"is rank {group.rank} of {group.size}"
+        )
+    with _lock:
+        factory = _stager_factory
+    return _Mesh(
+        world.transport, factory(), owns_transport=False, gid_base=SHARED_GIDS, python_only=python_only
+    )
+
+
 def _nccl_available() -> bool:
     import torch.distributed
 
@@ -291,18 +353,19 @@ _LEVELS = ("auto", "cpp", "python")
 _warned_fallback = False
 
 
-def _extension_or_none() -> Any:
+def _extension_or_none(build: bool = True) -> Any:
     """The C++ extension, or None for the Python-only level.
 
     ``AIODIST_TORCH_BACKEND``: "cpp" (the extension or an error), "python" (the Python-only
     level), unset or "auto" (the extension; where it cannot be built, the Python-only level
-    with a warning that says what that level cannot do).
+    with a warning that says what that level cannot do; with ``build=False``, the Python-only
+    level: the first build takes tens of seconds).
     """
     global _warned_fallback
     level = os.environ.get("AIODIST_TORCH_BACKEND", "").strip().lower() or "auto"
     if level not in _LEVELS:
         raise ValueError(f"AIODIST_TORCH_BACKEND must be one of {', '.join(_LEVELS)}, got {level!r}")
-    if level == "python":
+    if level == "python" or (level == "auto" and not build):
         return None
     try:
         return load_extension()

@@ -93,9 +93,13 @@ class Identity:
     local_rank: int | None = None
     local_world_size: int | None = None  # the launcher's processes per node
     host_id: str = ""  # equal for exactly the processes of one host (runtime.host.host_id)
+    # Under torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True): this node's restart
+    # attempt (TORCHELASTIC_RESTART_COUNT); None elsewhere.
+    torchrun_attempt: int | None = None
 
     @classmethod
     def here(cls, rank: int, world_size: int) -> Identity:
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         return cls(
             rank,
             world_size,
@@ -105,6 +109,7 @@ class Identity:
             _env_int("LOCAL_RANK"),
             _env_int("LOCAL_WORLD_SIZE"),
             _host.host_id(),
+            (_env_int("TORCHELASTIC_RESTART_COUNT") or 0) if agent else None,
         )
 
     def encode(self) -> str:
@@ -126,6 +131,16 @@ class Identity:
 
 def _nodes_disagree(a: Identity, b: Identity) -> str:
     """What two launcher-started processes' variables say went wrong between their nodes ("" if nothing)."""
+    if a.torchrun_attempt is not None and a.torchrun_attempt == b.torchrun_attempt and a.rank == b.rank:
+        # torchrun's agents assign every rank once per worker group, and each attempt meets in a
+        # namespace of its own: the earlier claim is a worker of an earlier group, same attempt.
+        return (
+            f"; under torchrun that is a worker of an earlier worker group that had the same restart "
+            f"attempt ({a.torchrun_attempt}): torchrun's agents count restarts each for itself (one that "
+            "stops its healthy workers for another node's restart does not count), so this node is an "
+            "attempt behind another. This worker fails so that its agent counts a restart and the next "
+            "attempt starts in step (--max-restarts must allow it)"
+        )
     if a.node is None or b.node is None or a.local_world_size is None or b.local_world_size is None:
         return ""
     if a.local_world_size != b.local_world_size:

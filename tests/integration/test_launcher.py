@@ -27,7 +27,9 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def test_env_contract_single_node(tmp_path: Path) -> None:
-    proc = launch(["--nproc-per-node", "2", "--standalone", str(SCRIPTS / "env_dump.py")], tmp_path)
+    # As if this launcher ran inside a torchrun worker: what torchrun told it must not reach its workers.
+    args = ["--nproc-per-node", "2", "--standalone", str(SCRIPTS / "env_dump.py")]
+    proc = launch(args, tmp_path, TORCHELASTIC_USE_AGENT_STORE="True")
     assert proc.returncode == 0, proc.stderr
     dumped = records(tmp_path)
     assert sorted(dumped) == [0, 1]
@@ -39,6 +41,8 @@ def test_env_contract_single_node(tmp_path: Path) -> None:
         assert env["MASTER_ADDR"] == "127.0.0.1"
         assert env["TORCHELASTIC_RESTART_COUNT"] == env["AIODIST_RESTART_COUNT"] == "0"
         assert env["OMP_NUM_THREADS"] == "1"
+        # Rank 0 hosts the store, not the launcher.
+        assert env["TORCHELASTIC_USE_AGENT_STORE"] == "False"
     assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"] and int(envs[0]["MASTER_PORT"]) > 0
     # A fresh secret, generated once and shared by every worker.
     assert re.fullmatch(r"[0-9a-f]{64}", envs[0]["AIODIST_SECRET"])

@@ -29,9 +29,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("aiodist.rendezvous",),
     ("aiodist.face", "aiodist"),  # "aiodist": the package itself, the async face's names
     ("aiodist.testing",),
+    # aiodist as a torch backend sits on the async face; the sync face stands on it, as its
+    # init gives torch.distributed the same default group on the "aiodist" backend.
+    ("aiodist.torch",),
     ("aiodist.sync",),
     ("aiodist.parallel",),
-    ("aiodist.torch",),
     # Tools on top of everything: the launchers and the benchmarks (the DDP step benchmark lives
     # beside DDP and compares it with torch's DDP on the "aiodist" backend, so it sits up here).
     (

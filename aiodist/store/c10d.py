@@ -1,10 +1,11 @@
 """aiodist's async ``Store`` interface over a torch ``c10d.Store``.
 
-torch hands a backend the store its init method built (TCPStore, FileStore, HashStore, a
-user's store, under a per-group prefix), so whatever ``init_process_group`` accepted also
-connects aiodist's peers. torch's store calls block (releasing the GIL); each runs in a worker
-thread so the runtime loop keeps running meanwhile. The store is only used while a group
-connects its peers.
+Two users: torch hands the "aiodist" backend the store its init method built (TCPStore,
+FileStore, HashStore, a user's store, under a per-group prefix), so whatever torch's
+``init_process_group`` accepted also connects aiodist's peers; and under torchrun, both faces'
+``env://`` rendezvous joins the TCPStore torchrun's agent hosts (``aiodist.rendezvous.torchelastic``).
+torch's store calls block (releasing the GIL); each runs in a worker thread so the runtime loop
+keeps running meanwhile. Nothing here imports torch: the store is an object torch made.
 """
 
 from __future__ import annotations
@@ -18,9 +19,18 @@ from typing import Any, TypeVar
 from aiodist.errors import DistStoreError, DistTimeoutError
 from aiodist.store.base import Store, Timeout, Value, as_bytes, as_seconds, validate_key, validate_keys
 
-__all__ = ["TorchStore"]
+__all__ = ["TorchStore", "first_line"]
 
 T = TypeVar("T")
+
+#: The longest a single wait holds torch's store connection (seconds); see ``TorchStore.wait``.
+WAIT_SLICE = 0.5
+
+
+def first_line(exc: BaseException) -> str:
+    """What torch's exception says, without the C++ stack torch appends to some messages."""
+    text = str(exc).strip()
+    return text.split("\n", 1)[0].split(" Exception raised from ", 1)[0] or type(exc).__name__
 
 
 class TorchStore(Store):
@@ -37,7 +47,7 @@ class TorchStore(Store):
         except Exception as exc:
             if isinstance(exc, DistTimeoutError | DistStoreError):
                 raise
-            text = str(exc)
+            text = first_line(exc)
             if "timeout" in text.lower() or "timed out" in text.lower():
                 raise DistTimeoutError(f"torch store {what}: {text}") from exc
             raise DistStoreError(f"torch store {what} failed: {text}") from exc
@@ -53,7 +63,9 @@ class TorchStore(Store):
         return self._timeout
 
     def set_timeout(self, timeout: Timeout) -> None:
+        """The timeout of later calls, here and in torch's store (its ``get`` waits that long)."""
         self._timeout = as_seconds(timeout)
+        self._store.set_timeout(datetime.timedelta(seconds=self._timeout))
 
     async def set(self, key: str, value: Value) -> None:
         data = as_bytes(value)
@@ -72,10 +84,25 @@ class TorchStore(Store):
         return bytes(await self._run("compare_set", fn))
 
     async def wait(self, keys: Sequence[str], timeout: Timeout | None = None) -> None:
+        """Wait for ``keys``, in slices of ``WAIT_SLICE`` seconds at most.
+
+        torch's store serves one call at a time per connection: a long wait would hold up
+        every other call of this process (another peer's key, a watch) until it ended.
+        """
         seconds = self._timeout if timeout is None else as_seconds(timeout)
-        # torch reads a zero timedelta as "no limit"; the smallest positive wait stands for it.
-        delta = datetime.timedelta(seconds=max(seconds, 0.001))
-        await self._run("wait", functools.partial(self._store.wait, validate_keys(keys), delta))
+        wanted = validate_keys(keys)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        while True:
+            # torch reads a zero timedelta as "no limit"; the smallest positive wait stands for it.
+            left = max(end - loop.time(), 0.001)
+            delta = datetime.timedelta(seconds=min(left, WAIT_SLICE))
+            try:
+                await self._run("wait", functools.partial(self._store.wait, wanted, delta))
+                return
+            except DistTimeoutError:
+                if left <= WAIT_SLICE:
+                    raise
 
     async def check(self, keys: Sequence[str]) -> bool:
         return bool(await self._run("check", functools.partial(self._store.check, validate_keys(keys))))

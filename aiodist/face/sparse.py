@@ -1,14 +1,17 @@
 """``all_reduce`` of a sparse COO tensor, as gloo supports it: the sum, coalesced.
 
-Written over the dense collectives, in the caller's thread: every member's non-zero count and
-shape travel first (one ``all_gather``), then its indices and values, each padded to the largest
-count (two more). Each member then builds the same sparse tensor from all of them, coalesces it
-(duplicate indices summed) and copies it into the caller's tensor.
+Written over the dense collectives, blocking, in the caller's thread (not the runtime loop's):
+every member's non-zero count and shape travel first (one ``all_gather``), then its indices and
+values, each padded to the largest count (two more). Each member then builds the same sparse
+tensor from all of them, coalesces it (duplicate indices summed) and copies it into the caller's
+tensor. The sync face and the torch backend both run it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,9 +19,10 @@ import numpy as np
 import aiodist.face.tensor_collectives as _c
 import aiodist.face.world as _world
 from aiodist import _tensors
-from aiodist.errors import DistValueError
+from aiodist.backends.staged import on_caller_stream
+from aiodist.errors import DistError, DistValueError
 from aiodist.ops import ReduceOp, as_reduce_op
-from aiodist.sync._bridge import call, on_loop
+from aiodist.runtime.loop_thread import get_loop_thread
 from aiodist.work import Work
 
 __all__ = ["is_sparse", "sparse_all_reduce"]
@@ -31,9 +35,18 @@ def is_sparse(obj: Any) -> bool:
     return _tensors.is_torch_tensor(obj) and obj.layout is sys.modules["torch"].sparse_coo
 
 
+def _blocking(start: Callable[[], Work]) -> None:
+    """Start ``start()`` on the runtime loop's thread and wait for the operation to finish."""
+    start = on_caller_stream(start)  # torch's current CUDA stream is per thread: carry the caller's over
+    try:
+        get_loop_thread().call_until_done(lambda: start()._future)
+    except asyncio.CancelledError:
+        raise DistError("the operation was cancelled") from None
+
+
 def _gather(local: np.ndarray, group: Any, size: int) -> np.ndarray:
     out = np.empty((size, *local.shape), dtype=local.dtype)
-    call(lambda: _c.all_gather_into_tensor(out, local, group), False)
+    _blocking(lambda: _c.all_gather_into_tensor(out, local, group))
     return out
 
 
@@ -76,11 +89,11 @@ def sparse_all_reduce(tensor: Any, op: Any, group: Any, async_op: bool) -> Work 
     padded_val[: values.shape[0]] = values
     all_idx = _gather(padded_idx, group, g.size)
     all_val = torch.empty((g.size, most, *dense_shape), dtype=values.dtype)
-    call(lambda: _c.all_gather_into_tensor(all_val, padded_val, group), False)
+    _blocking(lambda: _c.all_gather_into_tensor(all_val, padded_val, group))
     idx = np.concatenate([all_idx[r][:, : counts[r]] for r in range(g.size)], axis=1)
     val = torch.cat([all_val[r][: counts[r]] for r in range(g.size)])
     total = torch.sparse_coo_tensor(torch.from_numpy(idx), val, shape).coalesce()
     tensor.copy_(total)
     if async_op:
-        return on_loop(lambda: Work.completed(g.loop, "all_reduce (sparse)"))
+        return get_loop_thread().call(lambda: Work.completed(g.loop, "all_reduce (sparse)"))
     return None
