@@ -118,6 +118,31 @@ def test_two_aiodist_run_nodes_one_rank_each(tmp_path: Path) -> None:
     assert "2 hosts x 1 rank" in data["meta"]["title"]
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(not HAVE_TORCH, reason="torchrun comes with torch")
+def test_under_torchrun_aiodist_and_gloo_meet_at_its_store(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    command = [
+        *torchrun,
+        "-m",
+        "aiodist.bench",
+        *TINY,
+        "--no-latency",
+        "--compare",
+        "gloo",
+        "--json",
+        str(out),
+    ]
+    env = {k: v for k, v in launcher_env(tmp_path).items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "launched by torchrun: 2 ranks" in done.stdout
+    assert "aiodist and gloo meet at torchrun's store" in done.stdout
+    (job,) = json.loads(out.read_text())["jobs"]
+    _check_rows(job, {"aiodist", "gloo"})
+
+
 @pytest.mark.timeout(180)
 def test_two_nodes_two_ranks_each_sync_face_as_a_module(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
