@@ -1,0 +1,69 @@
+"""The torch backend "aiodist" seen from a user's script: what it prints, how a rank's end reads.
+
+Real interpreters running torch scripts (``support.scripts.run_ranks``), as a user's would:
+their stderr is read whole, torch's C++ logging included.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+from support.scripts import run_ranks
+
+pytest.importorskip("torch")
+
+HAS_COMPILER = shutil.which(os.environ.get("CXX", "c++")) is not None or shutil.which("g++") is not None
+needs_compiler = pytest.mark.skipif(
+    not HAS_COMPILER, reason="no C++ compiler here: the aiodist torch backend's extension cannot be built"
+)
+ENV = {"OMP_NUM_THREADS": "1"}
+
+END_SCRIPT = textwrap.dedent(
+    """
+    import datetime, os, sys
+    import torch
+    import torch.distributed as dist
+    import aiodist.torch
+
+    how = sys.argv[1]
+    dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=60))
+    x = torch.ones(4)
+    dist.all_reduce(x)                        # everybody is connected
+    if dist.get_rank() == 1:
+        if how == "raise":
+            raise ValueError("boom")
+        sys.exit(0)                           # the script simply ends
+    try:
+        dist.all_reduce(x)                    # needs rank 1, which has ended
+        print("RESULT no error", flush=True)
+    except Exception as exc:
+        print("RESULT", type(exc).__name__, exc, flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(120)
+@needs_compiler
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [
+        ("raise", "rank 1 exited with an uncaught exception (ValueError: boom)"),
+        ("end", "rank 1 exited (its program ended without destroy_process_group)"),
+    ],
+)
+def test_a_rank_that_ends_is_named_with_how_it_ended(tmp_path: Path, how: str, said: str) -> None:
+    """A rank whose script raises (or ends without destroy_process_group) is not reported as
+    having left the job: its peers read how it ended, as on aiodist's own faces."""
+    script = tmp_path / "job.py"
+    script.write_text(END_SCRIPT)
+    ran = run_ranks(script, 2, args=[how], env=ENV, timeout=100)
+    assert ran[0].returncode == 0, ran[0].stderr
+    (line,) = ran[0].results()
+    assert line.startswith("RESULT DistNetworkError") and said in line, line
+    assert "has left the job" not in line, line
+    if how == "raise":
+        assert "ValueError: boom" in ran[1].stderr and ran[1].returncode != 0
