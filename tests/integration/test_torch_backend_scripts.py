@@ -67,3 +67,46 @@ def test_a_rank_that_ends_is_named_with_how_it_ended(tmp_path: Path, how: str, s
     assert "has left the job" not in line, line
     if how == "raise":
         assert "ValueError: boom" in ran[1].stderr and ran[1].returncode != 0
+
+
+SLOW_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, datetime, os
+    import torch
+    import torch.distributed as dist
+    import aiodist.torch
+    from aiodist.torch import _backend
+
+    if os.environ["RANK"] == "0":
+        # Rank 0 reaches aiodist's rendezvous 1.5 s after rank 1 (as a rank loading the
+        # extension on a busy machine does): rank 1 waits in torch's TCPStore meanwhile.
+        connect = _backend._connect
+
+        async def late(*args):
+            await asyncio.sleep(1.5)
+            return await connect(*args)
+
+        _backend._connect = late
+    dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=60))
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    dist.destroy_process_group()
+    print("RESULT", x.tolist(), flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("level", ["cpp", "python"])
+def test_a_successful_run_logs_no_store_timeouts(tmp_path: Path, level: str) -> None:
+    """No "[c10d] waitForInput ... timed out" warnings from torch's store client on a run
+    where nothing went wrong, even when a rank waits for a slower one to connect."""
+    if level == "cpp" and not HAS_COMPILER:
+        pytest.skip("no C++ compiler here: the extension cannot be built")
+    script = tmp_path / "job.py"
+    script.write_text(SLOW_SCRIPT)
+    ran = run_ranks(script, 2, env={**ENV, "AIODIST_TORCH_BACKEND": level}, timeout=100)
+    for r in ran:
+        assert r.returncode == 0, r.stderr
+        assert r.results() == ["RESULT [2.0, 2.0, 2.0, 2.0]"], r.stdout
+        assert "waitForInput" not in r.stderr and "timed out" not in r.stderr, r.stderr
