@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -21,6 +23,60 @@ needs_compiler = pytest.mark.skipif(
     not HAS_COMPILER, reason="no C++ compiler here: the aiodist torch backend's extension cannot be built"
 )
 ENV = {"OMP_NUM_THREADS": "1"}
+
+SUM_SCRIPT = textwrap.dedent(
+    """
+    import datetime, os, sys
+    import torch
+    import torch.distributed as dist
+    import aiodist.torch
+
+    dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=120))
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    dist.destroy_process_group()
+    print("RESULT", x.tolist(), flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(900)  # compiles the extension into a fresh cache (30 s to 2 minutes)
+@needs_compiler
+def test_first_group_says_it_compiles_and_ranks_share_one_build(tmp_path: Path) -> None:
+    """On a fresh cache, the ranks of a job reach the first build together: one compiles and
+    says so, the other says it waits for it; both then run. ``python -m aiodist.torch --build``
+    afterwards finds the library built and compiles nothing."""
+    script = tmp_path / "job.py"
+    script.write_text(SUM_SCRIPT)
+    cache = tmp_path / "cache"
+    env = {**ENV, "AIODIST_CACHE_DIR": str(cache), "AIODIST_TORCH_BACKEND": "cpp"}
+    ran = run_ranks(script, 2, env=env, timeout=800)
+    for r in ran:
+        assert r.returncode == 0, r.stderr
+        assert r.results() == ["RESULT [2.0, 2.0, 2.0, 2.0]"], r.stdout
+    said = [[ln for ln in r.stderr.splitlines() if ln.startswith("aiodist: ")] for r in ran]
+    compiled = [r for r, lines in enumerate(said) if any(ln.startswith("aiodist: compiling") for ln in lines)]
+    assert len(compiled) == 1, said
+    other = said[1 - compiled[0]]
+    assert any("waiting for another process to finish compiling" in ln for ln in other), said
+    line = next(ln for ln in said[compiled[0]] if ln.startswith("aiodist: compiling"))
+    assert "python -m aiodist.torch --build" in line and "minutes" in line, line
+
+    built = list((cache / "torch-backend").glob("*/aiodist_torch_backend.so"))
+    assert len(built) == 1, list(cache.rglob("*"))
+    assert not list(built[0].parent.glob(".aiodist_torch_backend.so.*")), "a temporary copy was left"
+
+    again = subprocess.run(
+        [sys.executable, "-m", "aiodist.torch", "--build"],
+        env={**os.environ, "AIODIST_CACHE_DIR": str(cache)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr
+    assert "compiling" not in again.stderr, again.stderr
+    assert f"ready in {built[0].parent}" in again.stdout, again.stdout
+
 
 END_SCRIPT = textwrap.dedent(
     """
