@@ -717,7 +717,7 @@ class ProcessGroup:
         returned at once, and its timeout counts from the call).
         """
         prev = self._reduction_tail
-        if prev is None or prev.is_completed():
+        if prev is None or prev._future.done():  # (not is_completed: the caller's Work is not ours to note)
             return None
         behind = self._behind
 
