@@ -29,9 +29,11 @@ test: install
 	$(PY) -m pytest -q
 
 # The unit and in-memory tiers (tests/unit, tests/collectives and the memory cases of the
-# every-operation suite): under a minute.
+# every-operation suite): under a minute. They are CPU-bound and share nothing, so they run on
+# one worker per core (work stealing evens out the long parametrised cases); the other tiers run
+# processes of their own and stay serial in `make test`.
 test-fast: install
-	$(PY) -m pytest -q -m "unit or collectives"
+	$(PY) -m pytest -q -m "unit or collectives" -n auto --dist worksteal
 
 # The staging and NCCL tests (the torch backend's CUDA tensors too), for a machine with GPUs;
 # elsewhere the CUDA ones skip, saying why.

@@ -7,7 +7,8 @@
 - ``faults``: the failure cases (dead, stopped and hostile peers, timeouts, lost connections).
 
 A test may name its tier itself, as the memory cases of ``integration/test_every_operation.py``
-do (``collectives``). ``make test-fast`` runs the first two (``-m "unit or collectives"``);
+do (``collectives``) and the comparisons with torch's DDP Reducer in ``unit/test_bucketing.py``
+(``integration``: they run torch's DDP in a child process). ``make test-fast`` runs the first two (``-m "unit or collectives"``);
 ``make test`` runs all.
 The shared helpers are the ``support`` package beside this file (``tests/`` is on ``sys.path``,
 as pytest puts a rootless conftest's folder there).

@@ -62,8 +62,8 @@ async def test_a_dropped_operation_that_succeeds_warns_naming_it(reports: Callab
 async def test_a_dropped_operation_that_fails_logs_its_error(reports: Callable[[], list[str]]) -> None:
     async def fn(g: ProcessGroup) -> None:
         if g.rank == 0:
-            dist.recv(np.zeros(1), 1, group=g, timeout=0.05)  # nobody sends: it times out
-            await asyncio.sleep(0.3)
+            dist.recv(np.zeros(1), 1, group=g, timeout=0.02)  # nobody sends: it times out
+            await asyncio.sleep(0.05)  # (the loop's timers run in order: the timeout comes first)
         await dist.barrier(group=g)
 
     await run_memory_world(2, fn)
@@ -113,7 +113,7 @@ async def test_every_way_of_taking_the_outcome_is_silent(reports: Callable[[], l
         peer = 1 - g.rank
         ops = [dist.P2POp(dist.isend, t, peer, g), dist.P2POp(dist.irecv, np.zeros(4, np.float32), peer, g)]
         await asyncio.gather(*dist.batch_isend_irecv(ops))
-        failed = dist.recv(np.zeros(1), peer, group=g, tag=9, timeout=0.05)
+        failed = dist.recv(np.zeros(1), peer, group=g, tag=9, timeout=0.02)
         with pytest.raises(dist.DistTimeoutError):
             await failed
         await dist.barrier(group=g)
@@ -127,9 +127,9 @@ async def test_a_failure_seen_only_as_completed_is_still_reported(reports: Calla
 
     async def fn(g: ProcessGroup) -> None:
         if g.rank == 0:
-            w = dist.recv(np.zeros(1), 1, group=g, timeout=0.05)
+            w = dist.recv(np.zeros(1), 1, group=g, timeout=0.02)
             while not w.is_completed():
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.005)
             del w
         await dist.barrier(group=g)
 
