@@ -9,9 +9,10 @@ A Work dropped without anyone having taken its outcome is reported, as asyncio r
 coroutine never awaited and a task whose exception was never retrieved: an operation that
 succeeded with a ``RuntimeWarning`` ("... was never awaited"), one that failed by logging its
 error on the "aiodist" logger (a lost error is worse than a lost result). One that is still
-running when dropped is reported when it ends. Awaiting it, ``wait()``, ``result()``,
-``exception()``, ``is_success()`` and ``get_future()`` take the outcome; ``is_completed()``
-takes note of the success only (a failure it saw is still reported). With asyncio's debug
+running when dropped is reported when it ends. Awaiting it to the end, ``get_future()``, and
+``wait()``, ``result()``, ``exception()`` or ``is_success()`` once it has ended take the outcome;
+``is_completed()``, those asked earlier, and a waiter cancelled mid-way take note of a success
+only (a failure is still reported). With asyncio's debug
 mode (``PYTHONASYNCIODEBUG=1``, ``asyncio.run(..., debug=True)``) the report shows where the
 operation was started.
 """
@@ -149,9 +150,11 @@ class Work:
 
     # -- asyncio -------------------------------------------------------------------------
     def __await__(self) -> Generator[Any, None, Any]:
-        self._seen = _TAKEN
         fut = self._future
         if not fut.done():
+            # Awaited: a success is not reported even if the waiting is cancelled; a failure is,
+            # unless the waiting ends with it (below).
+            self._seen = _LOOKED
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
@@ -160,11 +163,17 @@ class Work:
                 # A cancelled waiter must not cancel the operation itself (what asyncio.shield
                 # does, one loop iteration and two callbacks cheaper: see _Waiting).
                 waiting = _Waiting(fut, loop)
-                yield waiting
+                try:
+                    yield waiting
+                except BaseException:  # (the task throws the operation's error in here)
+                    if waiting.cancelled_msg is None:
+                        self._seen = _TAKEN
+                    raise
                 if waiting.cancelled_msg is not None:
                     raise asyncio.CancelledError(*waiting.cancelled_msg)
             else:
                 yield from asyncio.wrap_future(self.get_future()).__await__()
+        self._seen = _TAKEN
         return fut.result()
 
     # -- state ---------------------------------------------------------------------------
@@ -176,25 +185,27 @@ class Work:
 
     def is_success(self) -> bool:
         """True once the operation has finished without error."""
-        self._seen = _TAKEN
         fut = self._future
+        self._seen = _TAKEN if fut.done() else max(self._seen, _LOOKED)
         return fut.done() and not fut.cancelled() and fut.exception() is None
 
     def exception(self) -> BaseException | None:
         """The operation's error, or None (also None while it runs)."""
-        self._seen = _TAKEN
         fut = self._future
         if not fut.done():
+            self._seen = max(self._seen, _LOOKED)
             return None
+        self._seen = _TAKEN
         if fut.cancelled():
             return DistError(f"{self.name} was cancelled")
         return fut.exception()
 
     def result(self) -> Any:
         """The operation's result; raises its error. Only valid once completed."""
-        self._seen = _TAKEN
         if not self._future.done():
+            self._seen = max(self._seen, _LOOKED)
             raise DistError(f"{self.name} has not completed yet")
+        self._seen = _TAKEN
         return self._future.result()
 
     # -- threads -------------------------------------------------------------------------
@@ -210,12 +221,12 @@ class Work:
         Raises:
             DistError: from a thread running the runtime loop (it would deadlock).
         """
-        self._seen = _TAKEN
         if isinstance(timeout, datetime.timedelta):  # torch's form; timedelta(0) means no limit
             timeout = timeout.total_seconds() or None
         if self._future.done():
             self.result()
             return True
+        self._seen = max(self._seen, _LOOKED)  # (taken once the wait ends with the outcome)
         if self._on_loop_thread():
             raise DistError(
                 f"Work.wait() for {self.name} called on the runtime's loop thread; use 'await work'"
@@ -223,9 +234,15 @@ class Work:
         try:
             done, _ = wait_future(self._loop, self._future, timeout)
         except asyncio.CancelledError:
+            self._seen = _TAKEN
             raise DistError(f"{self.name} was cancelled") from None
+        except BaseException:
+            if self._future.done():  # the operation's error, raised to the caller
+                self._seen = _TAKEN
+            raise
         if not done:
             raise DistTimeoutError(f"{self.name} did not complete within {timeout} s (it is still running)")
+        self._seen = _TAKEN
         return True
 
     def get_future(self) -> concurrent.futures.Future[Any]:
