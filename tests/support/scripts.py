@@ -49,8 +49,9 @@ def run_ranks(
     port = str(free_port())
     procs = []
     for rank in range(world_size):
-        full = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank))
-        full.update(WORLD_SIZE=str(world_size), **(env or {}))
+        full = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        full.update(RANK=str(rank), WORLD_SIZE=str(world_size))
+        full.update(env or {})
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(script), *args],
