@@ -132,6 +132,16 @@ class Work:
         self._seen = _TAKEN
         return self._future
 
+    def _discard(self) -> None:
+        """Runtime code drops the operation's outcome on purpose (its caller holds an earlier
+        error that explains it, e.g. the first of several bucket all_reduces that failed):
+        neither aiodist nor asyncio reports it."""
+        self._seen = _TAKEN
+        if self._future.done():
+            _retrieve(self._future)
+        else:
+            self._future.add_done_callback(_retrieve)
+
     @classmethod
     def completed(cls, loop: asyncio.AbstractEventLoop, name: str, result: Any = None) -> Work:
         fut = loop.create_future()
@@ -316,6 +326,11 @@ def _dropped(
             loop.call_soon_threadsafe(fut.add_done_callback, later)
     except Exception:  # (e.g. at interpreter exit, with half the world torn down)
         pass
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()  # (marks it retrieved)
 
 
 def _report(
