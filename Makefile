@@ -29,9 +29,11 @@ test: install
 	$(PY) -m pytest -q
 
 # The unit and in-memory tiers (tests/unit, tests/collectives and the memory cases of the
-# every-operation suite): under a minute.
+# every-operation suite): under a minute. They are CPU-bound and share nothing, so they run on
+# one worker per core (work stealing evens out the long parametrised cases); the other tiers run
+# processes of their own and stay serial in `make test`.
 test-fast: install
-	$(PY) -m pytest -q -m "unit or collectives"
+	$(PY) -m pytest -q -m "unit or collectives" -n auto --dist worksteal
 
 # Multi-host jobs on this machine: each host a network namespace on a bridge (tests/hosts/netbed.py),
 # one aiodist-run per host. Needs root; elsewhere the tier is skipped, saying why. About a minute.

@@ -35,6 +35,16 @@ _TASKS = (
     "        each task its own group)"
 )
 
+# What a point-to-point size or dtype disagreement does, on both ends.
+_REFUSED = (
+    "A receive posted for another size or dtype than the message refuses it: the receive raises\n"
+    "``CollectiveMismatchError`` naming both ranks and both sides, and the sender is told. Its send\n"
+    "fails with the same error if it is still pending; a send that has completed (a small one\n"
+    "completes once queued) cannot fail after the fact, so the next send to that rank with that tag\n"
+    "raises the error at the call, before sending anything, and the refusal is logged when it\n"
+    "arrives. Either way the tag then works again."
+)
+
 
 def _bad_argument(*, at_once: str, what: str = "tensor,\n        dtype, rank, list length") -> str:
     return (
@@ -51,7 +61,7 @@ def async_collective(refused: str = "", *, p2p: bool = False, pickled: bool = Fa
     after = (
         "the group goes on (stale messages of the operation are discarded; point-to-point operations\n"
         "never put a group out of step). A lost member breaks every group holding it:\n"
-        "destroy_process_group, then init again."
+        f"destroy_process_group, then init again.\n\n{_REFUSED}"
         if p2p
         else "the group goes on (stale messages of the operation are discarded), unless the ranks\n"
         "disagree about which operations ran: then it is out of step until ``resync``. A lost member\n"
@@ -99,12 +109,13 @@ def sync_p2p(*, started: bool = False, returned: str = "None") -> str:
     return (
         "Raises:\n"
         f"    {bad}\n"
-        f"    DistTimeoutError: the group's timeout ran out; DistNetworkError: the peer was lost.{later}\n"
+        "    DistTimeoutError: the group's timeout ran out; DistNetworkError: the peer was lost;\n"
+        f"        CollectiveMismatchError: the message and the receive disagree (below).{later}\n"
         "\n"
         "A timeout abandons the operation on this rank only (a receive's tensor may hold partial data;\n"
         "the receive is withdrawn) and the group goes on; a lost peer breaks every group holding it.\n"
         "On a rank outside ``group`` (``GroupMember.NON_GROUP_MEMBER``) nothing runs: torch's warning,\n"
-        f"and {returned} is returned."
+        f"and {returned} is returned.\n\n{_REFUSED}"
     )
 
 

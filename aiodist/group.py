@@ -15,6 +15,7 @@ collectives ran mark the group out of step until ``resync`` (``aiodist._recovery
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
@@ -55,6 +56,8 @@ from aiodist.work import Work
 
 __all__ = ["PEER_LOSS_GRACE", "ProcessGroup"]
 
+log = logging.getLogger("aiodist")
+
 # After a member is lost (no goodbye), operations in flight that do not need it directly get
 # this many seconds to complete (the data of a rank that exits right after its last
 # operation is already on its way); whatever is still pending then fails, naming the lost
@@ -67,7 +70,7 @@ class _Op:
 
     __slots__ = (
         "cleanup", "deadline", "error", "future", "is_task", "key", "limit", "name", "on_timeout",
-        "started", "survives_loss",
+        "sent", "started", "survives_loss",
     )  # fmt: skip
 
     def __init__(self, name: str, key: Key) -> None:
@@ -85,6 +88,9 @@ class _Op:
         # (``ProcessGroup.track_own``); None: a collective over the transport, whose timeout
         # starts the members' exchange about where they stand.
         self.on_timeout: Callable[[float], BaseException] | None = None
+        # A pending send: (receiver, fingerprint of its message), so that the receiver's refusal
+        # of the message fails it (``ProcessGroup._on_send_refused``).
+        self.sent: tuple[int, Fingerprint] | None = None
 
 
 def _describe_ranks(ranks: Sequence[int | None]) -> str:
@@ -155,9 +161,13 @@ class ProcessGroup:
         self.out_of_step: GroupOutOfStepError | None = None
         self._floor = 0
         self._keeper = StepKeeper(self)
+        # Refusals of messages of sends that had completed, by (receiver, tag): the next send to
+        # that receiver with that tag raises it (``_on_send_refused``).
+        self._refused: dict[tuple[int, int], CollectiveMismatchError] = {}
         if self.rank >= 0:
             transport.add_peer_lost_listener(self._on_peer_lost)
             transport.add_key_failed_listener(self._on_key_failed)
+            transport.add_send_refused_listener(self._on_send_refused)
             transport.set_control_handler(gid, self._keeper.on_control)
 
     def __repr__(self) -> str:
@@ -240,6 +250,46 @@ class ProcessGroup:
             if op.key == key:
                 self._fail(op, exc)
 
+    def _on_send_refused(
+        self, peer: int, key: Key, fp: Fingerprint | None, exc: CollectiveMismatchError
+    ) -> None:
+        """``peer`` refused a message of ours (its receive was posted for another size or dtype).
+
+        The send whose message it was fails, if it is still pending: the oldest pending send to
+        ``peer`` with that tag and that fingerprint (a peer refuses messages in the order they
+        were sent, and sends on a link complete in that order). A send that already completed
+        cannot fail after the fact: the next send to ``peer`` with that tag raises the refusal
+        instead, before it sends anything (so that the messages still pair one to one with
+        the receives), and the refusal is logged now, in case no such send comes.
+        """
+        if key[0] != self.gid or peer not in self._group_rank:
+            return
+        want = list(fp or ())
+        for op in self._inflight.values():  # (oldest first)
+            if op.sent is not None and op.key == key and op.sent[0] == peer and list(op.sent[1]) == want:
+                if op.future is not None and not op.future.done():
+                    err = CollectiveMismatchError(
+                        f"{op.name} on rank {self.global_rank}: the receiver refused the message: {exc}"
+                    )
+                    self._fail(op, err)
+                    return
+                break  # it completed a moment ago (its untracking is yet to run)
+        self._refused[(peer, key[2])] = exc
+        log.warning(
+            "aiodist: rank %d: rank %d refused the message of an earlier send to it (%s): %s; the next "
+            "send to rank %d with tag %d raises this error",
+            self.global_rank, peer, self.name, exc, peer, key[2],
+        )  # fmt: skip
+
+    def _raise_refused(self, peer: int, tag: int) -> None:
+        """Raise the refusal of an earlier, completed send to ``peer`` with ``tag``, if one came."""
+        exc = self._refused.pop((peer, tag), None)
+        if exc is not None:
+            raise CollectiveMismatchError(
+                f"send to rank {peer} (tag {tag}) on rank {self.global_rank} was not started: the "
+                f"message of an earlier send to rank {peer} with this tag was refused: {exc}"
+            )
+
     def abort(self, reason: str = "the process group was destroyed") -> None:
         """Fail every in-flight operation and refuse later ones."""
         if self.broken is None:
@@ -251,6 +301,7 @@ class ProcessGroup:
         self._keeper.close(reason)
         self.transport.remove_peer_lost_listener(self._on_peer_lost)
         self.transport.remove_key_failed_listener(self._on_key_failed)
+        self.transport.remove_send_refused_listener(self._on_send_refused)
         if self.rank >= 0:
             self.transport.set_control_handler(self.gid, None)
         if self._deadline_timer is not None:
@@ -485,7 +536,10 @@ class ProcessGroup:
         self.check_usable(what)
         if peer is not None:
             peer = self._peer(peer, "dst" if what == "send" else "src", what)
-        return peer, self._check_tag(tag)
+        tag = self._check_tag(tag)
+        if self._refused and what == "send":
+            self._raise_refused(peer, tag)
+        return peer, tag
 
     def check_p2p(self, what: str, tensor: Any, peer: int | None, tag: int) -> Any:
         """Raise what ``send``/``recv`` would raise for these arguments (any thread).
@@ -522,8 +576,13 @@ class ProcessGroup:
         except DistError as exc:
             return b.complete(Work.failed(self.loop, name, exc))
         if isinstance(sent, asyncio.Future):
-            return b.complete(self._watch(name, key, sent, timeout))
-        return b.complete(self.start(name, key, _await(sent), timeout))
+            work = self._watch(name, key, sent, timeout)
+        else:
+            work = self.start(name, key, _await(sent), timeout)
+        op = self._inflight.get(work._future)
+        if op is not None:  # pending: a refusal of its message by the receiver fails it
+            op.sent = (peer, fp)
+        return b.complete(work)
 
     def recv(self, tensor: Any, src: int | None = None, tag: int = 0, timeout: float | None = None) -> Work:
         """Receive into ``tensor`` from global rank ``src`` (None: any member). Result: the sender."""
@@ -694,7 +753,7 @@ class ProcessGroup:
         returned at once, and its timeout counts from the call).
         """
         prev = self._reduction_tail
-        if prev is None or prev.is_completed():
+        if prev is None or prev._future.done():  # (not is_completed: the caller's Work is not ours to note)
             return None
         behind = self._behind
 

@@ -4,6 +4,17 @@ A Work wraps the future of one operation on the runtime's event loop. Awaiting i
 loop shields the operation (cancelling the awaiting task stops the waiting, not the
 operation); ``wait()`` blocks a thread other than the loop's; ``get_future()`` gives a
 thread-safe ``concurrent.futures.Future``.
+
+A Work dropped without anyone having taken its outcome is reported, as asyncio reports a
+coroutine never awaited and a task whose exception was never retrieved: an operation that
+succeeded with a ``RuntimeWarning`` ("... was never awaited"), one that failed by logging its
+error on the "aiodist" logger (a lost error is worse than a lost result). One that is still
+running when dropped is reported when it ends. Awaiting it to the end, ``get_future()``, and
+``wait()``, ``result()``, ``exception()`` or ``is_success()`` once it has ended take the outcome;
+``is_completed()``, those asked earlier, and a waiter cancelled mid-way take note of a success
+only (a failure is still reported). With asyncio's debug
+mode (``PYTHONASYNCIODEBUG=1``, ``asyncio.run(..., debug=True)``) the report shows where the
+operation was started.
 """
 
 from __future__ import annotations
@@ -11,13 +22,27 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import datetime
-from collections.abc import Generator
+import functools
+import logging
+import os
+import sys
+import traceback
+import warnings
+from collections.abc import Generator, Iterable
 from typing import Any
 
 from aiodist.errors import DistError, DistTimeoutError
 from aiodist.runtime.loop_thread import wait_future
 
 __all__ = ["Work"]
+
+log = logging.getLogger("aiodist")
+
+# How much of its outcome a Work's holder took (``Work._seen``): nothing, only the fact that it
+# completed (``is_completed``), or the outcome itself (its result or its error).
+_UNSEEN = 0
+_LOOKED = 1
+_TAKEN = 2
 
 
 class _Waiting:
@@ -84,13 +109,38 @@ class Work:
         name: what the operation is, for error messages ("all_reduce #17 on rank 2").
     """
 
-    __slots__ = ("_cf", "_future", "_loop", "name")
+    __slots__ = ("_cf", "_future", "_loop", "_seen", "_started_at", "name")
 
     def __init__(self, future: asyncio.Future[Any], name: str) -> None:
         self._future = future
         self._loop = future.get_loop()
         self._cf: concurrent.futures.Future[Any] | None = None
+        self._seen = _UNSEEN
         self.name = name
+        # Where the caller started it, for the report of a Work dropped unseen: set by a face
+        # that starts operations away from the caller's thread (the sync face, in asyncio's
+        # debug mode); otherwise the stack asyncio records for the future in that mode says it.
+        self._started_at: traceback.StackSummary | None = None
+
+    def __del__(self) -> None:
+        if self._seen != _TAKEN:
+            _dropped(self._future, self.name, self._seen, self._loop, self._started_at)
+
+    def _consume(self) -> asyncio.Future[Any]:
+        """The operation's future, for runtime code that takes over its outcome (the sync
+        face's blocking calls, a Work that follows another): this Work is not reported."""
+        self._seen = _TAKEN
+        return self._future
+
+    def _discard(self) -> None:
+        """Runtime code drops the operation's outcome on purpose (its caller holds an earlier
+        error that explains it, e.g. the first of several bucket all_reduces that failed):
+        neither aiodist nor asyncio reports it."""
+        self._seen = _TAKEN
+        if self._future.done():
+            _retrieve(self._future)
+        else:
+            self._future.add_done_callback(_retrieve)
 
     @classmethod
     def completed(cls, loop: asyncio.AbstractEventLoop, name: str, result: Any = None) -> Work:
@@ -112,6 +162,9 @@ class Work:
     def __await__(self) -> Generator[Any, None, Any]:
         fut = self._future
         if not fut.done():
+            # Awaited: a success is not reported even if the waiting is cancelled; a failure is,
+            # unless the waiting ends with it (below).
+            self._seen = _LOOKED
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
@@ -120,28 +173,39 @@ class Work:
                 # A cancelled waiter must not cancel the operation itself (what asyncio.shield
                 # does, one loop iteration and two callbacks cheaper: see _Waiting).
                 waiting = _Waiting(fut, loop)
-                yield waiting
+                try:
+                    yield waiting
+                except BaseException:  # (the task throws the operation's error in here)
+                    if waiting.cancelled_msg is None:
+                        self._seen = _TAKEN
+                    raise
                 if waiting.cancelled_msg is not None:
                     raise asyncio.CancelledError(*waiting.cancelled_msg)
             else:
                 yield from asyncio.wrap_future(self.get_future()).__await__()
+        self._seen = _TAKEN
         return fut.result()
 
     # -- state ---------------------------------------------------------------------------
     def is_completed(self) -> bool:
         """True once the operation has finished, successfully or not."""
+        if self._seen == _UNSEEN:
+            self._seen = _LOOKED
         return self._future.done()
 
     def is_success(self) -> bool:
         """True once the operation has finished without error."""
         fut = self._future
+        self._seen = _TAKEN if fut.done() else max(self._seen, _LOOKED)
         return fut.done() and not fut.cancelled() and fut.exception() is None
 
     def exception(self) -> BaseException | None:
         """The operation's error, or None (also None while it runs)."""
         fut = self._future
         if not fut.done():
+            self._seen = max(self._seen, _LOOKED)
             return None
+        self._seen = _TAKEN
         if fut.cancelled():
             return DistError(f"{self.name} was cancelled")
         return fut.exception()
@@ -149,7 +213,9 @@ class Work:
     def result(self) -> Any:
         """The operation's result; raises its error. Only valid once completed."""
         if not self._future.done():
+            self._seen = max(self._seen, _LOOKED)
             raise DistError(f"{self.name} has not completed yet")
+        self._seen = _TAKEN
         return self._future.result()
 
     # -- threads -------------------------------------------------------------------------
@@ -170,6 +236,7 @@ class Work:
         if self._future.done():
             self.result()
             return True
+        self._seen = max(self._seen, _LOOKED)  # (taken once the wait ends with the outcome)
         if self._on_loop_thread():
             raise DistError(
                 f"Work.wait() for {self.name} called on the runtime's loop thread; use 'await work'"
@@ -177,13 +244,20 @@ class Work:
         try:
             done, _ = wait_future(self._loop, self._future, timeout)
         except asyncio.CancelledError:
+            self._seen = _TAKEN
             raise DistError(f"{self.name} was cancelled") from None
+        except BaseException:
+            if self._future.done():  # the operation's error, raised to the caller
+                self._seen = _TAKEN
+            raise
         if not done:
             raise DistTimeoutError(f"{self.name} did not complete within {timeout} s (it is still running)")
+        self._seen = _TAKEN
         return True
 
     def get_future(self) -> concurrent.futures.Future[Any]:
         """A thread-safe future completing with the operation."""
+        self._seen = _TAKEN
         if self._cf is None:
             cf: concurrent.futures.Future[Any] = concurrent.futures.Future()
             self._cf = cf
@@ -223,3 +297,84 @@ class Work:
 
     def synchronize(self) -> None:
         """No-op for host tensors (torch uses it for CUDA streams)."""
+
+
+# -- Works dropped unseen ----------------------------------------------------------------------
+
+
+def _dropped(
+    fut: asyncio.Future[Any],
+    name: str,
+    seen: int,
+    loop: asyncio.AbstractEventLoop,
+    started_at: traceback.StackSummary | None,
+) -> None:
+    """A Work whose outcome nobody took was dropped: report its operation's outcome now, or
+    when it ends (called from ``Work.__del__``: never raises)."""
+    try:
+        if fut.done():
+            _report(name, seen, started_at, fut)
+            return
+        later = functools.partial(_report, name, seen, started_at)
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            fut.add_done_callback(later)
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(fut.add_done_callback, later)
+    except Exception:  # (e.g. at interpreter exit, with half the world torn down)
+        pass
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()  # (marks it retrieved)
+
+
+def _report(
+    name: str, seen: int, started_at: traceback.StackSummary | None, fut: asyncio.Future[Any]
+) -> None:
+    if fut.cancelled():
+        return
+    exc = fut.exception()  # (also keeps asyncio from logging it a second time, less clearly)
+    if exc is None and seen != _UNSEEN:
+        return
+    caller = _callers_frames(started_at or getattr(fut, "_source_traceback", None) or ())
+    where = (
+        "\nIt was started at (most recent call last):\n" + "".join(traceback.format_list(caller)).rstrip()
+        if caller
+        else " (asyncio's debug mode, PYTHONASYNCIODEBUG=1, shows where it was started)"
+    )
+    if exc is not None:
+        log.error(
+            "aiodist: the error of %s was never retrieved: its Work was dropped without being "
+            "awaited or waited for%s",
+            name,
+            where,
+            exc_info=(type(exc), exc, exc.__traceback__),
+        )
+        return
+    message = (
+        f"aiodist: {name} was never awaited: its Work was dropped without await, wait(), result() "
+        f"or is_completed() (await it, or keep it and wait for it before using its data){where}"
+    )
+    if caller:  # attributed to the caller's line, as a warning raised there would be
+        warnings.warn_explicit(message, RuntimeWarning, caller[-1].filename, caller[-1].lineno or 0)
+    else:
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+
+# Frames of these packages are left out of "where it was started": the caller's are what say where.
+_NOT_THE_CALLER = tuple(
+    os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep
+    for m in (asyncio, sys.modules[__package__ or "aiodist"])
+)
+
+
+def _callers_frames(stack: Iterable[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
+    """The last few of the caller's frames of the stack that started the operation (``started_at``,
+    else the one asyncio records for its future in debug mode; none otherwise)."""
+    frames = [f for f in stack if not os.path.abspath(f.filename).startswith(_NOT_THE_CALLER)]
+    return frames[-6:]

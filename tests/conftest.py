@@ -10,8 +10,9 @@
   where no namespace can be made (not root, no ``ip``).
 
 A test may name its tier itself, as the memory cases of ``integration/test_every_operation.py``
-do (``collectives``). ``make test-fast`` runs the first two (``-m "unit or collectives"``);
-``make test-hosts`` the last; ``make test`` runs all.
+do (``collectives``) and the comparisons with torch's DDP Reducer in ``unit/test_bucketing.py``
+(``integration``: they run torch's DDP in a child process). ``make test-fast`` runs the first
+two (``-m "unit or collectives"``); ``make test-hosts`` the last; ``make test`` runs all.
 The shared helpers are the ``support`` package beside this file (``tests/`` is on ``sys.path``,
 as pytest puts a rootless conftest's folder there).
 """

@@ -146,6 +146,8 @@ class GradBucketer:
                 await w
         finally:
             if missing or any(not w.is_success() for w in works):
+                for w in works:  # the caller gets the first error; the others follow from it
+                    w._discard()
                 self._reset()
         if missing:
             raise DistValueError(

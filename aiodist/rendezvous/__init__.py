@@ -311,10 +311,11 @@ async def resolve_rendezvous(
         if init_method is not None:
             raise DistValueError("init_process_group: pass either init_method or store, not both")
         rank, world_size = rank_and_size_from_env(rank, world_size)
-        if world_size <= 0 or rank < 0:
+        if world_size <= 0 or rank == -1:
             raise DistValueError(
                 "init_process_group(store=...) needs rank and world_size (or RANK/WORLD_SIZE)"
             )
+        _check_rank(rank, world_size, assignable=False)
         return Rendezvous(
             store, rank, world_size, owns_store=False, master_addr=os.environ.get("MASTER_ADDR")
         )
@@ -334,10 +335,11 @@ async def resolve_rendezvous(
         except KeyError as exc:
             raise DistValueError(f"init_method env:// needs the environment variable {exc.args[0]}") from None
         _need_world_size(world_size, "env://")
-        if rank < 0:
+        if rank == -1:
             raise DistValueError(
                 "init_method env:// needs RANK (or rank=, or an mpirun/PMI/Slurm rank variable)"
             )
+        _check_rank(rank, world_size, assignable=False)
         if _torchelastic.uses_agent_store():
             agent = await _torchelastic.join_agent_store(host, port, rank, timeout)
             drawn = None if secret_from_env() else await _torchelastic.peer_secret(agent.store)
@@ -361,6 +363,7 @@ async def resolve_rendezvous(
         if not host:
             raise DistValueError(f"init_method {init_method!r} has no host")
         _need_world_size(world_size, init_method or "")
+        _check_rank(rank, world_size, assignable=True)
         from aiodist.rendezvous import multicast as _multicast
 
         if _multicast.is_multicast_address(host):
@@ -387,6 +390,7 @@ async def resolve_rendezvous(
         if not path:
             raise DistValueError(f"init_method {init_method!r} has no path")
         _need_world_size(world_size, init_method or "")
+        _check_rank(rank, world_size, assignable=True)
         fst = FileStore(path, world_size)
         fst.set_timeout(timeout)
         return Rendezvous(fst, rank, world_size, True, None)
@@ -463,6 +467,24 @@ async def while_current(rdv: Rendezvous, work: Awaitable[T]) -> T:
         for t in (task, watch):
             t.cancel()
         await asyncio.gather(task, watch, return_exceptions=True)
+
+
+def _check_rank(rank: int, world_size: int, *, assignable: bool) -> None:
+    """Refuse a rank outside 0..world_size-1 before any store is hosted or waited for (such a
+    rank could only wait for the rendezvous to time out). ``assignable``: -1 asks for a rank
+    in arrival order (tcp://, file://).
+
+    Raises:
+        DistValueError: naming the rank and the world size.
+    """
+    if (assignable and rank == -1) or 0 <= rank < world_size:
+        return
+    ranks = "0" if world_size == 1 else f"0 to {world_size - 1}"
+    also = ", or -1 to be assigned one in arrival order" if assignable else ""
+    raise DistValueError(
+        f"init_process_group: rank {rank} is out of range for world_size {world_size} "
+        f"(the ranks are {ranks}{also})"
+    )
 
 
 def _need_world_size(world_size: int, where: str) -> None:

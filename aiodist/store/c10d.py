@@ -23,8 +23,10 @@ __all__ = ["TorchStore", "first_line"]
 
 T = TypeVar("T")
 
-#: The longest a single wait holds torch's store connection (seconds); see ``TorchStore.wait``.
-WAIT_SLICE = 0.5
+# ``wait`` checks again after these pauses (doubling): a key set by a peer that is a moment
+# behind is seen within a millisecond or two; one set much later costs a check per 50 ms.
+_FIRST_PAUSE = 0.001
+_MAX_PAUSE = 0.05
 
 
 def first_line(exc: BaseException) -> str:
@@ -84,25 +86,25 @@ class TorchStore(Store):
         return bytes(await self._run("compare_set", fn))
 
     async def wait(self, keys: Sequence[str], timeout: Timeout | None = None) -> None:
-        """Wait for ``keys``, in slices of ``WAIT_SLICE`` seconds at most.
+        """Wait until every key of ``keys`` is set, polling torch's non-blocking ``check``.
 
-        torch's store serves one call at a time per connection: a long wait would hold up
-        every other call of this process (another peer's key, a watch) until it ended.
+        Not torch's ``wait``: the rendezvous waits in slices (to notice an error another rank
+        published meanwhile), and torch's TCPStore client logs two warnings ("waitForInput ...
+        timed out after 200ms") for every ``wait`` that times out, which a slow peer turned
+        into a stream of spurious warnings on successful runs. A ``check`` never times out; no
+        worker thread stays blocked between checks either.
         """
+        names = validate_keys(keys)
         seconds = self._timeout if timeout is None else as_seconds(timeout)
-        wanted = validate_keys(keys)
         loop = asyncio.get_running_loop()
-        end = loop.time() + seconds
-        while True:
-            # torch reads a zero timedelta as "no limit"; the smallest positive wait stands for it.
-            left = max(end - loop.time(), 0.001)
-            delta = datetime.timedelta(seconds=min(left, WAIT_SLICE))
-            try:
-                await self._run("wait", functools.partial(self._store.wait, wanted, delta))
-                return
-            except DistTimeoutError:
-                if left <= WAIT_SLICE:
-                    raise
+        deadline = loop.time() + seconds
+        pause = _FIRST_PAUSE
+        while not await self._run("check", functools.partial(self._store.check, names)):
+            left = deadline - loop.time()
+            if left <= 0:
+                raise DistTimeoutError(f"torch store wait: keys {names} were not set within {seconds:g} s")
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, _MAX_PAUSE)
 
     async def check(self, keys: Sequence[str]) -> bool:
         return bool(await self._run("check", functools.partial(self._store.check, validate_keys(keys))))

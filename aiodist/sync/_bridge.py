@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
+import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -38,9 +40,12 @@ def call(fn: Callable[[], Work], async_op: bool) -> Any:
     lt = get_loop_thread()
     fn = on_caller_stream(fn)  # torch's current CUDA stream is per thread: carry the caller's over
     if async_op:
-        return lt.call(fn)
+        work = lt.call(fn)
+        if lt.loop.get_debug():  # asyncio's debug mode: a Work dropped unseen says where it began
+            work._started_at = traceback.extract_stack(sys._getframe(1))
+        return work
     try:
-        return lt.call_until_done(lambda: fn()._future)
+        return lt.call_until_done(lambda: fn()._consume())
     except asyncio.CancelledError:
         raise DistError("the operation was cancelled") from None
 
@@ -87,10 +92,11 @@ def _start_into(fn: Callable[[], Work], work: Work) -> None:
         out.set_exception(exc)
         return
     work.name = started.name
-    if started._future.done():
-        _follow(out, started._future)
+    inner = started._consume()  # ``work`` reports its outcome to the caller
+    if inner.done():
+        _follow(out, inner)
     else:
-        started._future.add_done_callback(functools.partial(_follow, out))
+        inner.add_done_callback(functools.partial(_follow, out))
 
 
 def _follow(out: asyncio.Future[Any], src: asyncio.Future[Any]) -> None:

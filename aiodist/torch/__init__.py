@@ -11,7 +11,8 @@ aiodist's runtime::
     dist.init_process_group("aiodist")  # or "cpu:aiodist,cuda:nccl"
 
 The first group on "aiodist" builds a small C++ extension against the installed torch (once;
-cached, see ``cache_dir``); ``build()`` does it ahead of time.
+cached, see ``cache_dir``), saying so on stderr; ``build()`` or ``python -m aiodist.torch
+--build`` does it ahead of time.
 """
 
 from __future__ import annotations

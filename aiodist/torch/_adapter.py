@@ -185,7 +185,7 @@ class Adapter:
             # caller usually waits for the work at once (the sync face polls the same way).
             joined = _Joined(work, len(works), source, _busy_poll.for_loop(self._lt.loop))
             for w in works:
-                w._future.add_done_callback(joined.done)
+                w._consume().add_done_callback(joined.done)
 
         if self._lt.in_loop_thread():  # e.g. a future callback that starts another operation
             on_loop()
@@ -396,7 +396,7 @@ class Adapter:
                 raise DistError("monitored_barrier called on aiodist's runtime loop thread")
             # torch's wording ("Rank 2 failed to pass monitoredBarrier in 3000 ms"): torch programs match it
             self._lt.call_until_done(
-                lambda: _monitored_barrier(g, timeout, wait_all_ranks, torch_wording=True)._future
+                lambda: _monitored_barrier(g, timeout, wait_all_ranks, torch_wording=True)._consume()
             )
         except Exception as exc:
             return error_kind(exc)
@@ -406,7 +406,7 @@ class Adapter:
         """Blocking: bring the group back in step (every member calls it); the ResyncReport."""
         if self._lt.in_loop_thread():
             raise DistError("resync called on aiodist's runtime loop thread")
-        return self._lt.call_until_done(lambda: self.group.resync(timeout)._future)
+        return self._lt.call_until_done(lambda: self.group.resync(timeout)._consume())
 
     # -- point-to-point -------------------------------------------------------------------
     def send(self, work: Any, tensors: list[Any], dst: int, tag: int) -> Refusal:

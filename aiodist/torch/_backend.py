@@ -34,7 +34,7 @@ from aiodist.store import PrefixStore
 from aiodist.store.c10d import TorchStore
 from aiodist.torch._adapter import Adapter
 from aiodist.torch._build import ExtensionBuildError, load_extension
-from aiodist.transport.base import Transport
+from aiodist.transport.base import Transport, exit_goodbye
 from aiodist.transport.mesh import claim_rank, connect_mesh
 from aiodist.wire.handshake import secret_from_env
 
@@ -181,9 +181,13 @@ def _close_mesh(lt: LoopThread, mesh: _Mesh, reason: str) -> None:
 
 
 def _close_all_at_exit() -> None:
-    """Leave in order at exit (peers see a goodbye, not a crash), as ``aiodist.sync`` does."""
+    """Leave in order at exit, saying how the program ended, as ``aiodist.sync`` does: peers
+    read "rank 1 exited with an uncaught exception (ValueError: boom)" or "exited (its program
+    ended ...)", not that it left by destroying its group."""
     lt = get_loop_thread()
+    goodbye = exit_goodbye()
     for mesh in list(_open_meshes):
+        mesh.transport.goodbye = goodbye
         try:
             _close_mesh(lt, mesh, "the process is exiting")
         except Exception as exc:  # exiting anyway; say why the leave was not clean

@@ -1,14 +1,24 @@
 """Build (once) and load the C++ half of the backend: a ``c10d::Backend`` that forwards to aiodist.
 
 The extension is compiled with ``torch.utils.cpp_extension.load`` against the installed torch,
-the first time a process group on "aiodist" is created, into a cache directory keyed by the
-torch version and the source's hash (``$AIODIST_CACHE_DIR``, else ``$XDG_CACHE_HOME/aiodist``,
-else ``~/.cache/aiodist``). Later processes load the cached library in about a second.
-Concurrent first builds (every rank of a job at once) wait for one another (torch's build lock).
+the first time a process group on "aiodist" is created (or by ``python -m aiodist.torch
+--build``), into a cache directory keyed by the torch version and the source's hash
+(``$AIODIST_CACHE_DIR``, else ``$XDG_CACHE_HOME/aiodist``, else ``~/.cache/aiodist``). Later
+processes load the cached library in about a second.
+
+A compile takes 30 s to 2 minutes, so a process about to compile (or to wait for another that
+compiles) says so on stderr, once. Every rank of a job may reach the first build at once: one
+compiles, under an exclusive ``flock`` of the cache directory (the kernel releases it when its
+holder dies, so a killed build never blocks later ones, as a leftover lock file would); the
+others wait for the lock, then load what it built. The library is compiled in a ``build``
+subdirectory and published by an atomic rename, so a library found in the cache is always
+complete and loading it needs no lock.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import os
@@ -16,6 +26,7 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,29 +92,83 @@ def load_extension() -> Any:
         t0 = time.perf_counter()
         where = cache_dir()
         built = where / f"{_NAME}.so"
-        if built.is_file() and not (where / "lock").exists():  # "lock": a build is under way
-            # Built before for this torch and this source: no compiler needed to load it.
-            _module = _import_built(built)
-            _build_seconds = time.perf_counter() - t0
-            return _module
-        _check_toolchain()
-        from torch.utils import cpp_extension
-
-        where.mkdir(parents=True, exist_ok=True)
-        try:
-            _module = cpp_extension.load(
-                name=_NAME,
-                sources=[str(_SOURCE)],
-                build_directory=str(where),
-                extra_cflags=["-O2"],
-                verbose=False,
-            )
-        except Exception as exc:
-            raise ExtensionBuildError(
-                f"building the 'aiodist' torch backend extension in {where} failed: {exc}"
-            ) from exc
+        # Built before for this torch and this source (published whole): no compiler needed.
+        _module = _import_built(built) if built.is_file() else _build(where, built)
         _build_seconds = time.perf_counter() - t0
         return _module
+
+
+def _build(where: Path, built: Path) -> Any:
+    """Compile the extension into ``where`` (or wait for the process compiling it) and load it."""
+    _check_toolchain()
+    where.mkdir(parents=True, exist_ok=True)
+    with _build_lock(where):
+        if built.is_file():  # another process built it while this one waited
+            return _import_built(built)
+        _say(
+            f"compiling the C++ extension of the torch backend 'aiodist' against torch "
+            f"{_torch_version()}: once per torch version, typically 30 s to 2 minutes (into {where}; "
+            "'python -m aiodist.torch --build' does this ahead of time)"
+        )
+        t0 = time.perf_counter()
+        module = _compile(where / "build")
+        tmp = where / f".{_NAME}.so.{os.getpid()}"
+        shutil.copyfile(where / "build" / f"{_NAME}.so", tmp)
+        os.replace(tmp, built)  # atomic: a reader finds the whole library or none
+        _say(f"the torch backend's C++ extension is built ({time.perf_counter() - t0:.0f} s)")
+        return module
+
+
+@contextlib.contextmanager
+def _build_lock(where: Path) -> Iterator[None]:
+    """Hold the cache directory's build lock; say so first when another process holds it."""
+    with open(where / "build.lock", "a+b") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(
+                "waiting for another process to finish compiling the C++ extension of the torch "
+                f"backend 'aiodist' (typically 30 s to 2 minutes; in {where})"
+            )
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _compile(build_dir: Path) -> Any:
+    """Run torch's compile in ``build_dir`` (the caller holds the build lock)."""
+    from torch.utils import cpp_extension
+
+    build_dir.mkdir(exist_ok=True)
+    # torch's own lock file: one left there by a build that was killed would make torch wait
+    # for it forever; under our lock nobody else is building, so any that exists is stale.
+    with contextlib.suppress(FileNotFoundError):
+        (build_dir / "lock").unlink()
+    try:
+        return cpp_extension.load(
+            name=_NAME,
+            sources=[str(_SOURCE)],
+            build_directory=str(build_dir),
+            extra_cflags=["-O2"],
+            verbose=False,
+        )
+    except Exception as exc:
+        raise ExtensionBuildError(
+            f"building the 'aiodist' torch backend extension in {build_dir} failed: {exc}"
+        ) from exc
+
+
+def _say(text: str) -> None:
+    """One line on stderr: a compile is long enough that silence reads as a hang."""
+    print(f"aiodist: {text}", file=sys.stderr, flush=True)
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
 
 
 def _import_built(path: Path) -> Any:

@@ -12,7 +12,8 @@ a message that arrives before its receive is posted is held in a bounded unexpec
 Every message may carry its operation's fingerprint; a receive posted with a fingerprint
 only accepts a message with an equal one, and a disagreement fails the receive with a
 ``CollectiveMismatchError`` naming both sides (and tells the sender, through
-``on_mismatch``).
+``on_mismatch``: a collective fails there too; a refused point-to-point message is handed to
+the sender's groups, ``add_send_refused_listener``).
 """
 
 from __future__ import annotations
@@ -447,6 +448,8 @@ def _earliest(by_src: dict[int, deque[_Held]]) -> int:
 
 PeerLostListener = Callable[[int, DistNetworkError], None]
 KeyFailedListener = Callable[[Key, BaseException], None]
+# (receiver, key, the fingerprint this rank sent, the receiver's error restated for this rank)
+SendRefusedListener = Callable[[int, Key, Fingerprint | None, CollectiveMismatchError], None]
 ControlHandler = Callable[[int, Control], None]
 
 
@@ -469,6 +472,7 @@ class Transport(ABC):
         self.mailbox.on_late = self._late_message
         self._peer_lost_listeners: list[PeerLostListener] = []
         self._key_failed_listeners: list[KeyFailedListener] = []
+        self._send_refused_listeners: list[SendRefusedListener] = []
         self.dead_peers: dict[int, DistNetworkError] = {}
         # The first peer lost without a goodbye: later departures (often its consequence:
         # ranks that failed because of it and left) name it too.
@@ -518,6 +522,15 @@ class Transport(ABC):
     def remove_key_failed_listener(self, cb: KeyFailedListener) -> None:
         if cb in self._key_failed_listeners:
             self._key_failed_listeners.remove(cb)
+
+    def add_send_refused_listener(self, cb: SendRefusedListener) -> None:
+        """``cb(receiver, key, fp, error)`` when a receiver refuses a point-to-point message of
+        ours (its receive was posted for another size or dtype)."""
+        self._send_refused_listeners.append(cb)
+
+    def remove_send_refused_listener(self, cb: SendRefusedListener) -> None:
+        if cb in self._send_refused_listeners:
+            self._send_refused_listeners.remove(cb)
 
     def set_control_handler(self, gid: int, cb: ControlHandler | None) -> None:
         """Route group ``gid``'s control messages to ``cb`` (None: drop them)."""
@@ -598,9 +611,13 @@ class Transport(ABC):
     ) -> None:
         """Our receive disagreed with what ``src`` sent: fail our op and tell the sender.
 
-        Only for collectives: a point-to-point message stands alone (the receive that did not
-        match fails; the tag stays usable for the next message, and the sender's send is done).
+        A point-to-point message stands alone: the receive that did not match fails (the
+        mailbox did that) and the tag stays usable for the next message; the sender is told,
+        so that its send fails too (``_mismatch_reported``).
         """
+        if key[1] == P2P:
+            self._send_mismatch(src, key, sent, want)
+            return
         if key[1] != COLL:
             return
         exc = CollectiveMismatchError(describe_disagreement(self.rank, want, src, sent))
@@ -628,6 +645,14 @@ class Transport(ABC):
         self, src: int, key: Key, ours: Fingerprint | None, theirs: Fingerprint | None
     ) -> None:
         """``src`` told us our message for ``key`` met its different operation."""
+        if key[1] == P2P:
+            refused = CollectiveMismatchError(
+                f"rank {src} expected {describe_fingerprint(theirs)} but rank {self.rank} sent "
+                f"{describe_fingerprint(ours)} (tag {key[2]})"
+            )
+            for cb in list(self._send_refused_listeners):
+                cb(src, key, ours, refused)
+            return
         if key[1] != COLL:
             return  # (see _report_mismatch)
         if theirs is None:

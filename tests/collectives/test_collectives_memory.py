@@ -7,6 +7,7 @@ every partial sum exact (AVG on floats is compared with a dtype tolerance)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -70,10 +71,28 @@ async def run(n: int, fn: Callable[[ProcessGroup], Awaitable[Any]]) -> list[Any]
 
 
 # -- data derived from (rank, index) ------------------------------------------------------------
+# Every rank of every case computes its inputs and the expected result (which needs every rank's
+# inputs): the values are computed once per process and copied or shared read-only from then on
+# (they were a quarter of the in-memory tier's time).
 
 
 def inputs(name: str, op: ReduceOp, rank: int, size: int) -> np.ndarray:
-    """Values whose reductions over up to 8 ranks are exact in every dtype (bfloat16 included)."""
+    """Values whose reductions over up to 8 ranks are exact in every dtype (bfloat16 included);
+    a fresh array (operations write into it)."""
+    return _inputs(name, op, rank, size).copy()
+
+
+@functools.cache
+def _inputs(name: str, op: ReduceOp, rank: int, size: int) -> np.ndarray:
+    return _read_only(_compute_inputs(name, op, rank, size))
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+def _compute_inputs(name: str, op: ReduceOp, rank: int, size: int) -> np.ndarray:
     i = np.arange(size, dtype=np.int64)
     if name == "bool":
         v: np.ndarray = (rank + i) % 3 == 0
@@ -96,9 +115,15 @@ def inputs(name: str, op: ReduceOp, rank: int, size: int) -> np.ndarray:
     )
 
 
+@functools.cache
 def expected(name: str, op: ReduceOp, n: int, size: int) -> np.ndarray:
+    """What reducing the ``inputs`` of ``n`` ranks gives (read-only)."""
+    return _read_only(_compute_expected(name, op, n, size))
+
+
+def _compute_expected(name: str, op: ReduceOp, n: int, size: int) -> np.ndarray:
     dt = dtype_from_name(name)
-    parts = [inputs(name, op, r, size) for r in range(n)]
+    parts = [_inputs(name, op, r, size) for r in range(n)]
     if name in FLOATS:
         parts = [p.astype(np.float64) for p in parts]
     elif name in COMPLEX:
@@ -148,10 +173,16 @@ def check(name: str, op: ReduceOp, got: np.ndarray, want: np.ndarray, what: str)
 
 
 def raw(rank: int, tag: int, size: int, name: str) -> np.ndarray:
-    """Arbitrary bytes (any bit pattern, NaNs included) as ``size`` elements of dtype ``name``."""
+    """Arbitrary bytes (any bit pattern, NaNs included) as ``size`` elements of dtype ``name``;
+    a fresh array."""
+    return _raw(rank, tag, size, name).copy()
+
+
+@functools.cache
+def _raw(rank: int, tag: int, size: int, name: str) -> np.ndarray:
     dt = dtype_from_name(name)
     rng = np.random.default_rng(rank * 1000 + tag)
-    return np.frombuffer(rng.bytes(size * dt.itemsize), dtype=dt).copy()
+    return np.frombuffer(rng.bytes(size * dt.itemsize), dtype=dt)  # (read-only: over bytes)
 
 
 # -- reductions -------------------------------------------------------------------------------------

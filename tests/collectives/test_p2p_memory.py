@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from aiodist import CollectiveMismatchError, DistTimeoutError, DistValueError
 from aiodist.group import ProcessGroup
 from aiodist.testing import memory_world, run_memory_world
+from aiodist.transport.base import Fingerprint, Key
+from aiodist.transport.memory import MemoryFabric
 
 
 async def test_send_recv_tags_and_any_source() -> None:
@@ -98,6 +101,82 @@ async def test_size_and_dtype_mismatch_raise() -> None:
         return "ok"
 
     assert (await run_memory_world(2, fn))[1] == "ok"
+
+
+async def test_a_refused_message_fails_its_completed_send_at_the_next_send_with_that_tag() -> None:
+    """A small send completes once queued; when the receiver then refuses its message (a
+    receive of another size), the next send to that receiver with that tag raises the
+    refusal, naming both ranks and both sizes, without sending anything; then the tag works
+    again. Other tags, and receives, are not touched."""
+
+    async def fn(g: ProcessGroup) -> object:
+        if g.rank == 0:
+            await g.send(np.ones(4, np.float32), 1)  # completes: its message is refused later
+            await g.barrier()  # (the receiver has refused it by now)
+            await g.send(np.ones(2, np.int64), 1, tag=5)  # another tag: goes on
+            with pytest.raises(CollectiveMismatchError) as refused:
+                g.send(np.full(3, 7, np.float32), 1)
+            await g.send(np.full(3, 9, np.float32), 1)  # raised once: the tag works again
+            return str(refused.value)
+        with pytest.raises(CollectiveMismatchError, match="rank 0 sent send of 4 x float32"):
+            await g.recv(np.zeros(8, np.float32), 0)
+        await g.barrier()
+        other = np.zeros(2, np.int64)
+        await g.recv(other, 0, tag=5)
+        got = np.zeros(3, np.float32)
+        await g.recv(got, 0)
+        return other.tolist(), got.tolist()
+
+    said, received = await run_memory_world(2, fn)
+    assert received == ([1, 1], [9.0, 9.0, 9.0])  # the refused send sent nothing
+    assert "send to rank 1 (tag 0) on rank 0 was not started" in said, said
+    assert "rank 1 expected send of 8 x float32 but rank 0 sent send of 4 x float32" in said, said
+
+
+def _pending_sends(fabric: MemoryFabric, monkeypatch: pytest.MonkeyPatch) -> list[asyncio.Future[None]]:
+    """Make rank 0's sends stay pending (as a large one draining into a socket does) until the
+    test completes them; returns their futures, in order."""
+    pending: list[asyncio.Future[None]] = []
+    t0 = fabric.transports[0]
+    send = t0.send
+
+    def held_send(dst: int, key: Key, payload: memoryview, fp: Fingerprint | None = None) -> Awaitable[None]:
+        send(dst, key, payload, fp)
+        fut: asyncio.Future[None] = t0.loop.create_future()
+        pending.append(fut)
+        return fut
+
+    monkeypatch.setattr(t0, "send", held_send)
+    return pending
+
+
+async def test_a_refused_message_fails_its_pending_send(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A send still pending when its receiver refuses the message fails with the refusal;
+    another pending send to the same rank and tag, whose message was accepted, completes."""
+    fabric, (g0, g1) = memory_world(2)
+    pending = _pending_sends(fabric, monkeypatch)
+    ok = g0.send(np.ones(4, np.float32), 1)
+    bad = g0.send(np.ones(6, np.float32), 1)
+    first = np.zeros(4, np.float32)
+    await g1.recv(first, 0)
+    with pytest.raises(CollectiveMismatchError, match="rank 0 sent send of 6 x float32"):
+        await g1.recv(np.zeros(8, np.float32), 0)
+    with pytest.raises(CollectiveMismatchError) as refused:
+        await bad
+    said = str(refused.value)
+    assert said.startswith("send to rank 1 (tag 0) on rank 0: the receiver refused the message"), said
+    assert "rank 1 expected send of 8 x float32 but rank 0 sent send of 6 x float32" in said, said
+    assert not ok.is_completed()
+    for fut in pending:
+        if not fut.done():
+            fut.set_result(None)
+    await ok  # accepted: it completes as usual
+    assert first.tolist() == [1.0] * 4
+    monkeypatch.undo()
+    x = np.zeros(2)
+    w = g1.recv(x, 0)
+    await g0.send(np.ones(2), 1)  # nothing is left over for the next send
+    await w
 
 
 async def test_misuse_is_a_clear_error() -> None:

@@ -607,7 +607,10 @@ async def test_abandoned_key_frames_are_dropped_not_held() -> None:
             t.abort()
 
 
-async def test_p2p_mismatch_fails_that_receive_only(mesh2: list[TcpTransport]) -> None:
+async def test_p2p_mismatch_fails_that_receive_and_tells_the_sender(mesh2: list[TcpTransport]) -> None:
+    """The receive fails; the sender's send had completed (a small one completes once queued),
+    so its next send to that rank with that tag raises the refusal, sending nothing; after
+    that the tag works again, and neither group is broken."""
     from aiodist.errors import CollectiveMismatchError
 
     g0, g1 = groups(mesh2)
@@ -615,6 +618,11 @@ async def test_p2p_mismatch_fails_that_receive_only(mesh2: list[TcpTransport]) -
     await g0.send(np.zeros(10, np.float32), 1)
     with pytest.raises(CollectiveMismatchError, match="rank 0 sent send of 10 x float32"):
         await bad
+    # The refusal travels to rank 0 before this message, on the same connection.
+    await g1.send(np.zeros(1), 0, tag=1)
+    await g0.recv(np.zeros(1), 1, tag=1)
+    with pytest.raises(CollectiveMismatchError, match="rank 1 expected send of 20 x float32 but rank 0 sent"):
+        g0.send(np.arange(3, dtype=np.float32), 1)
     x = np.zeros(3, np.float32)
     w = g1.recv(x, 0)  # the same tag: the next message is received normally
     await g0.send(np.arange(3, dtype=np.float32), 1)

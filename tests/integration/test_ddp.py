@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -353,6 +355,31 @@ async def test_grad_bucketer_sum_and_errors() -> None:
 
     for total in await run_memory_world(3, rank_fn):
         np.testing.assert_array_equal(total, 3)
+
+
+async def test_grad_bucketer_reports_the_first_failure_and_drops_the_rest_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A round whose buckets fail (rank 1 never reduces: each bucket times out) raises the first
+    failure from wait(); the other buckets' failures follow from it and are not reported as
+    errors nobody retrieved."""
+
+    fabric, (group, _idle) = memory_world(2, timeout=0.1)
+    grads = [np.ones(100, np.float32) for _ in range(4)]
+    bucketer = GradBucketer(grads, group, bucket_cap_mb=0.0004, first_bucket_bytes=400)
+    assert len(bucketer.buckets) == 3
+    with caplog.at_level(logging.ERROR, logger="aiodist"):
+        try:
+            for i in range(4):
+                bucketer.mark_ready(i)
+            with pytest.raises(DistTimeoutError):
+                await bucketer.wait()
+            await asyncio.sleep(0.3)  # (the buckets still running end by their timeouts)
+        finally:
+            for t in fabric.transports:
+                t.abort()
+        gc.collect()
+    assert [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()] == []
 
 
 async def test_grad_bucketer_mark_ready_off_loop_is_refused() -> None:

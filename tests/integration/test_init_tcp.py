@@ -227,3 +227,58 @@ def test_rank_failed_is_reported() -> None:
 def _raises(rank: int, size: int) -> None:
     if rank == 1:
         raise RuntimeError("boom")
+
+
+def _out_of_range_job(rank: int, size: int, tmp: str) -> list[tuple[str, str, str, float]]:
+    """Every init method and both faces, given a rank the world size has no room for. Nothing
+    listens on the ports used: a rank that went on to the rendezvous would wait for its timeout."""
+    import datetime
+
+    import aiodist.sync as sdist
+
+    port = free_port()
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("env://", dict(init_method="env://", rank=2, world_size=2)),
+        ("env:// RANK=5", dict(init_method="env://", env={"RANK": "5", "WORLD_SIZE": "3"})),
+        ("env:// rank -2", dict(init_method="env://", rank=-2, world_size=2)),
+        ("tcp://", dict(init_method=f"tcp://127.0.0.1:{port}", rank=2, world_size=2)),
+        ("tcp:// rank -3", dict(init_method=f"tcp://127.0.0.1:{port}", rank=-3, world_size=2)),
+        ("multicast", dict(init_method=f"tcp://239.1.2.3:{port}", rank=4, world_size=2)),
+        ("file://", dict(init_method=f"file://{tmp}/store", rank=3, world_size=3)),
+        ("store=", dict(store=True, rank=2, world_size=2)),
+    ]
+    out = []
+    for face in ("async", "sync"):
+        for what, kw in cases:
+            kw = dict(kw)
+            os.environ.update(kw.pop("env", {}))
+            os.environ["MASTER_PORT"] = str(port)
+            if kw.pop("store", False):
+                kw["store"] = sdist.HashStore() if face == "sync" else dist.HashStore()
+            t0 = time.monotonic()
+            try:
+                if face == "async":
+                    asyncio.run(dist.init_process_group("tcp", timeout=60, **kw))
+                else:
+                    sdist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60), **kw)
+                err = ("no error", "")
+            except Exception as exc:
+                err = (type(exc).__name__, str(exc))
+            os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(size)
+            out.append((f"{face} {what}", *err, time.monotonic() - t0))
+    return out
+
+
+def test_a_rank_out_of_range_is_refused_at_once(tmp_path: Path) -> None:
+    """rank >= world_size (or below 0, where -1 does not ask for one) fails in init_process_group
+    before any store is hosted or waited for, naming both values, on both faces."""
+    (res,) = spawn(_out_of_range_job, 1, args=(str(tmp_path),), timeout=80)
+    for what, name, msg, took in res:
+        assert name == "DistValueError", (what, name, msg)
+        found = re.search(r"rank (-?\d+) is out of range for world_size (\d+)", msg)
+        assert found, (what, msg)
+        assert took < 10, (what, took)  # not the init timeout of 60 s: nothing was waited for
+    by_case = {what: msg for what, _, msg, _ in res}
+    assert "rank 5 is out of range for world_size 3" in by_case["sync env:// RANK=5"]
+    assert "or -1 to be assigned one" in by_case["async tcp:// rank -3"]
+    assert "or -1" not in by_case["async env:// rank -2"]

@@ -156,3 +156,69 @@ async def _pingpong_large(rank: int, size: int) -> Any:
 
 def test_large_ping_pong_payload_streaming_while_receive_is_posted() -> None:
     assert spawn(_pingpong_large, 2) == [True, True]
+
+
+async def _refused(rank: int, size: int, count: int) -> Any:
+    """Rank 0 sends ``count`` floats; rank 1 posts a receive for twice as many."""
+    import logging
+
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    logging.getLogger("aiodist").addHandler(Keep(logging.WARNING))
+    await dist.init_process_group("tcp", "env://", timeout=30)
+    out: dict[str, Any] = {}
+    if rank == 1:
+        try:
+            await dist.recv(np.zeros(2 * count, np.float32), 0)
+        except dist.CollectiveMismatchError as exc:
+            out["recv"] = str(exc)
+        await dist.send(np.zeros(1), 0, tag=1)  # (its message has been refused by now)
+        got = np.zeros(3, np.float32)
+        await dist.recv(got, 0)
+        out["after"] = got.tolist()
+    else:
+        try:
+            await dist.send(np.ones(count, np.float32), 1)
+        except dist.CollectiveMismatchError as exc:
+            out["send"] = str(exc)  # still pending when the refusal came
+        await dist.recv(np.zeros(1), 1, tag=1)
+        if "send" not in out:
+            # It had completed. The refusal may arrive after rank 1's next message (over shared
+            # memory data and reports take different paths): it is logged when it does.
+            for _ in range(1000):
+                if said:
+                    break
+                await asyncio.sleep(0.01)
+            out["logged"] = list(said)
+            try:
+                dist.send(np.ones(3, np.float32), 1)
+            except dist.CollectiveMismatchError as exc:
+                out["next"] = str(exc)
+        await dist.send(np.full(3, 5, np.float32), 1)  # the tag works again
+    await dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.parametrize("shm", ["0", "1"], ids=["tcp", "shm"])
+@pytest.mark.parametrize("count", [4, 4 << 20], ids=["16B", "16MiB"])
+def test_a_refused_message_fails_the_send_too(shm: str, count: int) -> None:
+    """A receive posted for another size refuses the message; the sender hears it too: its
+    send's Work fails if it is still pending, else its next send to that rank with that tag
+    raises it (before sending anything), and the refusal is logged. Never a hang; afterwards
+    the tag works again."""
+    r0, r1 = spawn(_refused, 2, args=(count,), env={"AIODIST_SHM": shm})
+    both = f"rank 1 expected send of {2 * count} x float32 but rank 0 sent send of {count} x float32"
+    assert both in r1["recv"], r1
+    assert r1["after"] == [5.0, 5.0, 5.0]
+    if "send" in r0:
+        assert r0["send"].startswith("send to rank 1 (tag 0) on rank 0: the receiver refused"), r0
+        assert both in r0["send"] and "next" not in r0, r0
+    else:
+        assert both in r0["next"] and "was not started" in r0["next"], r0
+        assert any(both in line for line in r0["logged"]), r0
+    if count == 4 and shm == "0":
+        assert "next" in r0, r0  # a small send completes once queued; TCP keeps the order

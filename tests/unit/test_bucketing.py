@@ -315,6 +315,11 @@ _DDP_SCRIPT = textwrap.dedent(
 )
 
 
+# The comparisons with a real Reducer run torch's DDP on a gloo group in a child process (2-3 s
+# of the in-memory tiers' time): they belong to the integration tier (``make test`` runs them).
+torch_ddp = pytest.mark.integration
+
+
 @pytest.fixture(scope="module")
 def ddp_report() -> dict[str, Any]:
     pytest.importorskip("torch")
@@ -348,6 +353,7 @@ _DDP_CAPS = {
 }
 
 
+@torch_ddp
 @pytest.mark.parametrize("name", [name for name in _DDP_CAPS if "_init" in name and "sparse" not in name])
 def test_ddp_buckets_match_torch_reducer_at_construction(ddp_report: dict[str, Any], name: str) -> None:
     entry = ddp_report[name]
@@ -359,6 +365,7 @@ def test_ddp_buckets_match_torch_reducer_at_construction(ddp_report: dict[str, A
     assert entry["rebuilt"] is None
 
 
+@torch_ddp
 @pytest.mark.parametrize("name", [name for name in _DDP_CAPS if "_rebuild" in name])
 def test_ddp_buckets_match_torch_reducer_after_rebuild(ddp_report: dict[str, Any], name: str) -> None:
     entry = ddp_report[name]
@@ -372,6 +379,7 @@ def test_ddp_buckets_match_torch_reducer_after_rebuild(ddp_report: dict[str, Any
     assert buckets == _parse_rebuilt(entry["rebuilt"])
 
 
+@torch_ddp
 def test_ddp_buckets_match_torch_reducer_with_sparse_gradients(ddp_report: dict[str, Any]) -> None:
     entry = ddp_report["sparse_init"]
     cap_mb, first = _DDP_CAPS["sparse_init"]
