@@ -5,11 +5,12 @@ the group's next sequence number, which becomes its message key on every rank (c
 on a group are matched across ranks by call order, as in torch), and its fingerprint names the
 task or thread that started it (``aiodist.runtime.origin``), so that tasks whose calls reach
 the group in another order on each rank get a mismatch, never each other's data;
-point-to-point messages are keyed by the user's tag. Each started operation is tracked until it ends, so that a
-timeout fails that one operation (and abandons its key: stale data arriving later is
-dropped) while a lost peer fails them all and breaks the group. After a collective times out,
-its rank asks the members where they stand before raising; ranks that disagree about which
-collectives ran mark the group out of step until ``resync`` (``aiodist._recovery``).
+point-to-point messages are keyed by the user's tag. Each started operation is tracked until
+it ends, so that a timeout fails that one operation (and abandons its key: stale data
+arriving later is dropped) while a lost peer fails them all and breaks the group. After a
+collective times out, its rank asks the members where they stand before raising; ranks that
+disagree about which collectives ran mark the group out of step until ``resync``
+(``aiodist._recovery``).
 """
 
 from __future__ import annotations
