@@ -299,7 +299,8 @@ def init_process_group(
         store: a store (``aiodist.sync.TCPStore`` etc.) to rendezvous through.
         group_name: keeps jobs sharing an address or file apart.
         device_id: this rank's CUDA device (see ``aiodist.init_process_group``).
-        pg_options: accepted for compatibility.
+        pg_options: must be None: aiodist's backends take no backend options (torch's
+            ``ProcessGroupNCCL.Options`` and the like are refused rather than ignored).
 
     In a program that has imported torch, ``torch.distributed`` gets the same default group too
     (on the "aiodist" backend, over this job's connections), for torch's helpers such as
@@ -313,6 +314,7 @@ def init_process_group(
             left again; the message says why and what to do).
     """
     global _backend_name
+    _refuse_pg_options("init_process_group", pg_options)
     name = _backend_for_cpu(backend)
     for_torch = _torch_default.mode()  # a bad value fails before the rendezvous
     run(
@@ -371,6 +373,7 @@ def new_group(
         The group; ``GroupMember.NON_GROUP_MEMBER`` on a rank outside it, as torch (operations
         called with it are skipped).
     """
+    _refuse_pg_options("new_group", pg_options)
     if backend is not None and not is_backend_available(backend):
         raise DistValueError(f"new_group: backend {backend!r} is not available (use 'gloo')")
     pg = run(
@@ -383,6 +386,16 @@ def new_group(
         )
     )
     return pg if pg.rank >= 0 else _NonMember(pg.ranks)
+
+
+def _refuse_pg_options(what: str, pg_options: Any) -> None:
+    """Backend options would change how torch's backend runs; aiodist has nowhere to honour
+    them, so a script that passes some is told instead of having them silently dropped."""
+    if pg_options is not None:
+        raise DistValueError(
+            f"{what}: pg_options ({type(pg_options).__name__}) is not supported: aiodist's backends "
+            "take no backend options; pass pg_options=None"
+        )
 
 
 def new_subgroups(

@@ -477,3 +477,12 @@ def test_groups_and_queries_same_as_torch() -> None:
     assert theirs[1]["rank/size"] == (-1, -1, 1, 3) and theirs[0]["rank/size"] == (0, 2, 0, 3)
     assert theirs[1]["recv on non-member"] == ("skipped", -1)
     assert theirs[2]["recv group_src"] == (0, [10.0]) and theirs[2]["group all_reduce"] == (None, [20.0])
+
+
+def test_backend_options_are_refused_not_ignored() -> None:
+    opts = object()
+    with pytest.raises(ValueError, match=r"init_process_group: pg_options \(object\) is not supported"):
+        dist.init_process_group("gloo", "tcp://127.0.0.1:1", rank=0, world_size=1, pg_options=opts)
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match=r"new_group: pg_options \(object\) is not supported"):
+        dist.new_group([0], pg_options=opts)
