@@ -27,6 +27,19 @@ of all_reduce and all_gather and the chains of broadcast and reduce then cross f
 to the next only once per host, as NCCL's rings do, while every segment still streams through
 every rank at once (the phases above would run one after the other over the whole buffer).
 Where the group's ranks already come host by host this is the flat algorithm itself.
+
+Two-level forms, for large buffers where every host holds L > 1 ranks that share memory (the
+i-th ranks of the hosts form lane i):
+
+- all_reduce: a direct reduce-scatter on each host (rank i ends with shard i of its host's
+  sum), an all_reduce of shard i along lane i, a direct all_gather on each host. A link
+  between two hosts carries the buffer once each way, a host-ordered ring 1.5 times (2 x 2).
+- all_gather: an all_gather along each lane, then each host's ranks share what their lanes
+  brought (a direct all_gather per host of the lanes' blocks).
+- reduce_scatter: each host's ranks reduce, for every host k, the blocks of host k's ranks
+  (rank i keeps the sum for the i-th rank of host k), then a reduce_scatter along each lane.
+
+The lanes' phases run at once on every lane, so a host's L ranks share its link.
 """
 
 from __future__ import annotations
@@ -44,12 +57,16 @@ from aiodist.collectives import broadcast as _broadcast
 from aiodist.collectives import direct, select
 from aiodist.collectives import gather as _gather
 from aiodist.collectives import reduce as _reduce
-from aiodist.collectives._common import Array, copy_into, finalize, wait_all
+from aiodist.collectives import reduce_scatter as _reduce_scatter
+from aiodist.collectives._common import Array, bv, copy_into, finalize, wait_all
 from aiodist.collectives.context import OpContext
 from aiodist.collectives.topology import HostMap
 from aiodist.ops import ReduceOp
 
 __all__ = [
+    "two_level_allgather",
+    "two_level_allreduce",
+    "two_level_reduce_scatter",
     "host_ordered_allgather",
     "host_ordered_allreduce",
     "host_ordered_broadcast",
@@ -255,3 +272,57 @@ async def host_ordered_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: in
 async def host_ordered_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
     order = host_order(_hosts(ctx))
     await _allgather.ring_allgather(ctx.sub(order), [blocks[g] for g in order], inp)
+
+
+# -- large buffers, the same number of ranks on every host: the two-level forms ---------------------
+
+
+def _lane(hosts: HostMap, r: int) -> tuple[tuple[int, ...], int, tuple[int, ...]]:
+    """Group rank ``r``'s host (its ranks), its place i on it, and lane i (the i-th rank of
+    every host, in host order)."""
+    local = hosts.members[hosts.host_of[r]]
+    i = local.index(r)
+    return local, i, tuple(m[i] for m in hosts.members)
+
+
+async def two_level_allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
+    local, i, lane = _lane(_hosts(ctx), ctx.rank)
+    n_local = len(local)
+    step = _phase_op(op)
+    shard = arr.size // n_local
+    parts = [arr[k * shard : (k + 1) * shard] for k in range(n_local)]
+    on_host = ctx.sub(local)
+    await direct.direct_reduce_scatter(on_host, parts[i], parts, step)
+    await _allreduce.allreduce(ctx.sub(lane), parts[i], step)
+    await finalize(op, parts[i], ctx.size)
+    await direct.direct_allgather(on_host, parts, parts[i])
+    if n_local * shard < arr.size:  # the last size % L elements, among all ranks
+        await _allreduce.allreduce(ctx, arr[n_local * shard :], op)
+
+
+async def two_level_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
+    hosts = _hosts(ctx)
+    local, i, lane = _lane(hosts, ctx.rank)
+    await _allgather.allgather(ctx.sub(lane), [blocks[g] for g in lane], inp)
+    # Each rank shares its lane's blocks with the others of its host, host by host: a pair's
+    # messages are posted and sent in that one order at both ends.
+    on_host = ctx.sub(local)
+    n_local = len(local)
+    peers = [(i + k) % n_local for k in range(1, n_local)]
+    recvs = [on_host.recv(p, bv(blocks[m[p]])) for m in hosts.members for p in peers]
+    sends = [on_host.send(p, bv(blocks[m[i]])) for m in hosts.members for p in peers]
+    await wait_all(recvs)
+    await wait_all(sends)
+
+
+async def two_level_reduce_scatter(ctx: OpContext, out: Array, blocks: Sequence[Array], op: ReduceOp) -> None:
+    hosts = _hosts(ctx)
+    local, _, lane = _lane(hosts, ctx.rank)
+    step = _phase_op(op)
+    on_host = ctx.sub(local)
+    # sums[k]: this host's sum of the blocks of host k's i-th rank.
+    sums = [np.empty_like(out) for _ in hosts.members]
+    for k, members in enumerate(hosts.members):
+        await direct.direct_reduce_scatter(on_host, sums[k], [blocks[g] for g in members], step)
+    await _reduce_scatter.reduce_scatter(ctx.sub(lane), out, sums, step)
+    await finalize(op, out, ctx.size)
