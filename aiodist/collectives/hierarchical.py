@@ -44,8 +44,9 @@ The lanes' phases run at once on every lane, so a host's L ranks share its link.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -58,7 +59,7 @@ from aiodist.collectives import direct, select
 from aiodist.collectives import gather as _gather
 from aiodist.collectives import reduce as _reduce
 from aiodist.collectives import reduce_scatter as _reduce_scatter
-from aiodist.collectives._common import Array, bv, copy_into, finalize, wait_all
+from aiodist.collectives._common import Array, bounds, bv, copy_into, finalize, wait_all
 from aiodist.collectives.context import OpContext
 from aiodist.collectives.topology import HostMap
 from aiodist.ops import ReduceOp
@@ -285,44 +286,133 @@ def _lane(hosts: HostMap, r: int) -> tuple[tuple[int, ...], int, tuple[int, ...]
     return local, i, tuple(m[i] for m in hosts.members)
 
 
+def _chunks(nbytes: int) -> int:
+    """How many chunks a two-level operation of ``nbytes`` is cut into (``select.TWO_LEVEL_CHUNK_BYTES``)."""
+    return max(1, min(select.TWO_LEVEL_MAX_CHUNKS, nbytes // select.TWO_LEVEL_CHUNK_BYTES))
+
+
+async def _pipeline(
+    chunks: int,
+    across: Callable[[int], Awaitable[None]],
+    before: Callable[[int], Awaitable[None]] | None = None,
+    after: Callable[[int], Awaitable[None]] | None = None,
+) -> None:
+    """Run each chunk's phases in order, ``before(c)`` (on the host), ``across(c)`` (along the
+    lane), ``after(c)`` (on the host), chunks overlapping: while chunk c crosses to the other
+    hosts, chunk c + 1 is reduced on the host and chunk c - 1 shared there.
+
+    The phases on the host run one at a time in one order on every rank (``before(c + 1)``
+    ahead of ``after(c)``), so that the messages of a pair of one host keep one order at both
+    ends; the lane's run one at a time in chunk order. The two sides share no pair of ranks.
+    """
+    loop = asyncio.get_running_loop()
+    ready = [loop.create_future() for _ in range(chunks)]  # before(c) is done
+    crossed = [loop.create_future() for _ in range(chunks)]  # across(c) is done
+
+    async def on_host() -> None:
+        for c in range(chunks + 1):
+            if before is not None and c < chunks:
+                await before(c)
+            if c < chunks:
+                ready[c].set_result(None)
+            if after is not None and c > 0:
+                await crossed[c - 1]
+                await after(c - 1)
+
+    async def along_lane() -> None:
+        for c in range(chunks):
+            await ready[c]
+            await across(c)
+            crossed[c].set_result(None)
+
+    tasks = [loop.create_task(on_host()), loop.create_task(along_lane())]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in done:
+            t.result()  # the first failure (the other side is cancelled below)
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def two_level_allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
     local, i, lane = _lane(_hosts(ctx), ctx.rank)
     n_local = len(local)
     step = _phase_op(op)
-    shard = arr.size // n_local
-    parts = [arr[k * shard : (k + 1) * shard] for k in range(n_local)]
-    on_host = ctx.sub(local)
-    await direct.direct_reduce_scatter(on_host, parts[i], parts, step)
-    await _allreduce.allreduce(ctx.sub(lane), parts[i], step)
-    await finalize(op, parts[i], ctx.size)
-    await direct.direct_allgather(on_host, parts, parts[i])
-    if n_local * shard < arr.size:  # the last size % L elements, among all ranks
-        await _allreduce.allreduce(ctx, arr[n_local * shard :], op)
+    chunks = _chunks(arr.nbytes)
+    shard = arr.size // (n_local * chunks)  # elements of one rank's shard of one chunk
+    length = shard * n_local
+
+    def parts(c: int) -> list[Array]:
+        return [arr[(c * n_local + k) * shard : (c * n_local + k + 1) * shard] for k in range(n_local)]
+
+    on_host, on_lane = ctx.sub(local), ctx.sub(lane)
+
+    async def before(c: int) -> None:
+        await direct.direct_reduce_scatter(on_host, parts(c)[i], parts(c), step)
+
+    async def across(c: int) -> None:
+        mine = parts(c)[i]
+        await _allreduce.allreduce(on_lane, mine, step)
+        await finalize(op, mine, ctx.size)
+
+    async def after(c: int) -> None:
+        await direct.direct_allgather(on_host, parts(c), parts(c)[i])
+
+    await _pipeline(chunks, across, before, after)
+    if length * chunks < arr.size:  # the last size % (L x chunks) elements, among all ranks
+        await _allreduce.allreduce(ctx, arr[length * chunks :], op)
 
 
 async def two_level_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
     hosts = _hosts(ctx)
     local, i, lane = _lane(hosts, ctx.rank)
-    await _allgather.allgather(ctx.sub(lane), [blocks[g] for g in lane], inp)
-    # Each rank shares its lane's blocks with the others of its host, host by host: a pair's
-    # messages are posted and sent in that one order at both ends.
-    on_host = ctx.sub(local)
+    chunks = _chunks(inp.nbytes * ctx.size)
+    cut = bounds(inp.size, chunks)
+    on_host, on_lane = ctx.sub(local), ctx.sub(lane)
     n_local = len(local)
     peers = [(i + k) % n_local for k in range(1, n_local)]
-    recvs = [on_host.recv(p, bv(blocks[m[p]])) for m in hosts.members for p in peers]
-    sends = [on_host.send(p, bv(blocks[m[i]])) for m in hosts.members for p in peers]
-    await wait_all(recvs)
-    await wait_all(sends)
+
+    def piece(a: Array, c: int) -> Array:
+        return a[cut[c] : cut[c + 1]]
+
+    async def across(c: int) -> None:
+        await _allgather.allgather(on_lane, [piece(blocks[g], c) for g in lane], piece(inp, c))
+
+    async def after(c: int) -> None:
+        # Each rank shares what its lane brought with the others of its host, host by host: a
+        # pair's messages are posted and sent in that one order at both ends.
+        recvs = [on_host.recv(p, bv(piece(blocks[m[p]], c))) for m in hosts.members for p in peers]
+        sends = [on_host.send(p, bv(piece(blocks[m[i]], c))) for m in hosts.members for p in peers]
+        await wait_all(recvs)
+        await wait_all(sends)
+
+    await _pipeline(chunks, across, after=after)
 
 
 async def two_level_reduce_scatter(ctx: OpContext, out: Array, blocks: Sequence[Array], op: ReduceOp) -> None:
     hosts = _hosts(ctx)
     local, _, lane = _lane(hosts, ctx.rank)
     step = _phase_op(op)
-    on_host = ctx.sub(local)
+    chunks = _chunks(out.nbytes * ctx.size)
+    cut = bounds(out.size, chunks)
+    on_host, on_lane = ctx.sub(local), ctx.sub(lane)
     # sums[k]: this host's sum of the blocks of host k's i-th rank.
     sums = [np.empty_like(out) for _ in hosts.members]
-    for k, members in enumerate(hosts.members):
-        await direct.direct_reduce_scatter(on_host, sums[k], [blocks[g] for g in members], step)
-    await _reduce_scatter.reduce_scatter(ctx.sub(lane), out, sums, step)
-    await finalize(op, out, ctx.size)
+
+    def piece(a: Array, c: int) -> Array:
+        return a[cut[c] : cut[c + 1]]
+
+    async def before(c: int) -> None:
+        for k, members in enumerate(hosts.members):
+            await direct.direct_reduce_scatter(
+                on_host, piece(sums[k], c), [piece(blocks[g], c) for g in members], step
+            )
+
+    async def across(c: int) -> None:
+        await _reduce_scatter.reduce_scatter(on_lane, piece(out, c), [piece(sk, c) for sk in sums], step)
+        await finalize(op, piece(out, c), ctx.size)
+
+    await _pipeline(chunks, across, before)

@@ -98,6 +98,9 @@ __all__ = [
     "RING_SLOTS",
     "SEGMENT_BYTES",
     "TREE_GATHER_BYTES",
+    "TWO_LEVEL",
+    "TWO_LEVEL_CHUNK_BYTES",
+    "TWO_LEVEL_MAX_CHUNKS",
     "TREE_GATHER_MIN_RANKS",
     "THREAD_REDUCE_BYTES",
     "allgather_algorithm",
@@ -215,6 +218,11 @@ _HIERARCHICAL_OPS = frozenset({"all_reduce", "broadcast", "all_gather", "reduce"
 #: host's link carries what the hosts exchange (an all_reduce's buffer once each way between
 #: two hosts) instead of a ring's (n - 1) / n of it per rank. From the flat rings' switch points.
 TWO_LEVEL = "two-level"
+#: The two-level forms cut a buffer into chunks of about this size (at most TWO_LEVEL_MAX_CHUNKS)
+#: and overlap them: while one chunk crosses to the other hosts, the next is reduced on the host
+#: and the previous one shared there.
+TWO_LEVEL_CHUNK_BYTES = 4 * 1024 * 1024
+TWO_LEVEL_MAX_CHUNKS = 16
 
 
 def _two_level(op: str, nbytes: int, ctx: OpContext) -> bool:

@@ -79,6 +79,7 @@ def algo(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
         ):
             monkeypatch.setattr(select, name, 0)
         monkeypatch.setattr(select, "SEGMENT_BYTES", 256)
+        monkeypatch.setattr(select, "TWO_LEVEL_CHUNK_BYTES", 96)  # the two-level forms in many chunks
         monkeypatch.setattr(select, "RING_SLOTS", 2)
         monkeypatch.setattr(select, "THREAD_REDUCE_BYTES", 512)
         monkeypatch.setattr(select._host, "has_spare_core", lambda: True)
@@ -381,3 +382,20 @@ async def test_rendezvous_refuses_ranks_that_disagree_on_the_switch() -> None:
         t.abort()
     want = "AIODIST_HOST_ALGOS differs between ranks: rank 0 has auto, rank 1 has flat"
     assert all(isinstance(e, DistError) and want in str(e) for e in got), got
+
+
+@pytest.mark.parametrize("layout", ["pairs", "pairs-shm"])
+async def test_blocks_either_side_of_a_switch_point_agree_on_the_algorithm(layout: str) -> None:
+    """all_gather_object sends blocks of each rank's own size: every rank must still pick the
+    same algorithm (by what is equal on all of them), or their messages would not pair."""
+    big = select.ALLGATHER_RING_BYTES
+
+    async def fn(g: ProcessGroup) -> list[Any]:
+        objs: list[Any] = [None] * g.size
+        mine = b"x" * (big * 2 if g.rank % 2 else 16)  # small on some ranks, past the switch on others
+        await asyncio.wait_for(dist.all_gather_object(objs, mine, group=g), 20)
+        return objs
+
+    res = await run(4, layout, fn)
+    want = [b"x" * (big * 2 if r % 2 else 16) for r in range(4)]
+    assert all(r == want for r in res)
