@@ -84,6 +84,9 @@ def _mpirun(bed: Bed, per_host: int, bench: Sequence[str], timeout: float) -> in
             str(BIN / "mpirun"), "-n", str(per_host * len(bed.hosts)), "--host", hosts, "--bind-to", "none",
             "--mca", "plm_rsh_agent", str(agent), "--mca", "btl_tcp_if_include", "eth0",
             "--mca", "oob_tcp_if_include", "eth0", "-x", "OMP_NUM_THREADS", "-x", "PYTHONPATH",
+            # The bed's hosts share this machine's cores: MPI must not spin on a core another
+            # host's rank needs (each host alone would look undersubscribed to it).
+            "--mca", "mpi_yield_when_idle", "1",
             str(BIN / "aiodist-bench"), *bench,
         ]  # fmt: skip
         env = _env({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
