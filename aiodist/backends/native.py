@@ -42,8 +42,8 @@ def _host_bytes(ctx: OpContext, op: Op) -> int:
             return 0
         case "broadcast" | "all_reduce" | "reduce":
             return int(op.outputs[0].nbytes)
-        case "all_gather":
-            return int(op.inputs[0].nbytes)
+        case "all_gather":  # (the largest block: equal on every rank, as blocks may differ in size)
+            return max(int(b.nbytes) for b in op.outputs)
         case "reduce_scatter":
             return int(op.outputs[0].nbytes) * ctx.size
         case _:

@@ -27,12 +27,26 @@ of all_reduce and all_gather and the chains of broadcast and reduce then cross f
 to the next only once per host, as NCCL's rings do, while every segment still streams through
 every rank at once (the phases above would run one after the other over the whole buffer).
 Where the group's ranks already come host by host this is the flat algorithm itself.
+
+Two-level forms, for large buffers where every host holds L > 1 ranks that share memory (the
+i-th ranks of the hosts form lane i):
+
+- all_reduce: a direct reduce-scatter on each host (rank i ends with shard i of its host's
+  sum), an all_reduce of shard i along lane i, a direct all_gather on each host. A link
+  between two hosts carries the buffer once each way, a host-ordered ring 1.5 times (2 x 2).
+- all_gather: an all_gather along each lane, then each host's ranks share what their lanes
+  brought (a direct all_gather per host of the lanes' blocks).
+- reduce_scatter: each host's ranks reduce, for every host k, the blocks of host k's ranks
+  (rank i keeps the sum for the i-th rank of host k), then a reduce_scatter along each lane.
+
+The lanes' phases run at once on every lane, so a host's L ranks share its link.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -44,12 +58,16 @@ from aiodist.collectives import broadcast as _broadcast
 from aiodist.collectives import direct, select
 from aiodist.collectives import gather as _gather
 from aiodist.collectives import reduce as _reduce
-from aiodist.collectives._common import Array, copy_into, finalize, wait_all
+from aiodist.collectives import reduce_scatter as _reduce_scatter
+from aiodist.collectives._common import Array, bounds, bv, copy_into, finalize, wait_all
 from aiodist.collectives.context import OpContext
 from aiodist.collectives.topology import HostMap
 from aiodist.ops import ReduceOp
 
 __all__ = [
+    "two_level_allgather",
+    "two_level_allreduce",
+    "two_level_reduce_scatter",
     "host_ordered_allgather",
     "host_ordered_allreduce",
     "host_ordered_broadcast",
@@ -255,3 +273,146 @@ async def host_ordered_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: in
 async def host_ordered_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
     order = host_order(_hosts(ctx))
     await _allgather.ring_allgather(ctx.sub(order), [blocks[g] for g in order], inp)
+
+
+# -- large buffers, the same number of ranks on every host: the two-level forms ---------------------
+
+
+def _lane(hosts: HostMap, r: int) -> tuple[tuple[int, ...], int, tuple[int, ...]]:
+    """Group rank ``r``'s host (its ranks), its place i on it, and lane i (the i-th rank of
+    every host, in host order)."""
+    local = hosts.members[hosts.host_of[r]]
+    i = local.index(r)
+    return local, i, tuple(m[i] for m in hosts.members)
+
+
+def _chunks(nbytes: int) -> int:
+    """How many chunks a two-level operation of ``nbytes`` is cut into (``select.TWO_LEVEL_CHUNK_BYTES``)."""
+    return max(1, min(select.TWO_LEVEL_MAX_CHUNKS, nbytes // select.TWO_LEVEL_CHUNK_BYTES))
+
+
+async def _pipeline(
+    chunks: int,
+    across: Callable[[int], Awaitable[None]],
+    before: Callable[[int], Awaitable[None]] | None = None,
+    after: Callable[[int], Awaitable[None]] | None = None,
+) -> None:
+    """Run each chunk's phases in order, ``before(c)`` (on the host), ``across(c)`` (along the
+    lane), ``after(c)`` (on the host), chunks overlapping: while chunk c crosses to the other
+    hosts, chunk c + 1 is reduced on the host and chunk c - 1 shared there.
+
+    The phases on the host run one at a time in one order on every rank (``before(c + 1)``
+    ahead of ``after(c)``), so that the messages of a pair of one host keep one order at both
+    ends; the lane's run one at a time in chunk order. The two sides share no pair of ranks.
+    """
+    loop = asyncio.get_running_loop()
+    ready = [loop.create_future() for _ in range(chunks)]  # before(c) is done
+    crossed = [loop.create_future() for _ in range(chunks)]  # across(c) is done
+
+    async def on_host() -> None:
+        for c in range(chunks + 1):
+            if before is not None and c < chunks:
+                await before(c)
+            if c < chunks:
+                ready[c].set_result(None)
+            if after is not None and c > 0:
+                await crossed[c - 1]
+                await after(c - 1)
+
+    async def along_lane() -> None:
+        for c in range(chunks):
+            await ready[c]
+            await across(c)
+            crossed[c].set_result(None)
+
+    tasks = [loop.create_task(on_host()), loop.create_task(along_lane())]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in done:
+            t.result()  # the first failure (the other side is cancelled below)
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def two_level_allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
+    local, i, lane = _lane(_hosts(ctx), ctx.rank)
+    n_local = len(local)
+    step = _phase_op(op)
+    chunks = _chunks(arr.nbytes)
+    shard = arr.size // (n_local * chunks)  # elements of one rank's shard of one chunk
+    length = shard * n_local
+
+    def parts(c: int) -> list[Array]:
+        return [arr[(c * n_local + k) * shard : (c * n_local + k + 1) * shard] for k in range(n_local)]
+
+    on_host, on_lane = ctx.sub(local), ctx.sub(lane)
+
+    async def before(c: int) -> None:
+        await direct.direct_reduce_scatter(on_host, parts(c)[i], parts(c), step)
+
+    async def across(c: int) -> None:
+        mine = parts(c)[i]
+        await _allreduce.allreduce(on_lane, mine, step)
+        await finalize(op, mine, ctx.size)
+
+    async def after(c: int) -> None:
+        await direct.direct_allgather(on_host, parts(c), parts(c)[i])
+
+    await _pipeline(chunks, across, before, after)
+    if length * chunks < arr.size:  # the last size % (L x chunks) elements, among all ranks
+        await _allreduce.allreduce(ctx, arr[length * chunks :], op)
+
+
+async def two_level_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
+    hosts = _hosts(ctx)
+    local, i, lane = _lane(hosts, ctx.rank)
+    chunks = _chunks(inp.nbytes * ctx.size)
+    cut = bounds(inp.size, chunks)
+    on_host, on_lane = ctx.sub(local), ctx.sub(lane)
+    n_local = len(local)
+    peers = [(i + k) % n_local for k in range(1, n_local)]
+
+    def piece(a: Array, c: int) -> Array:
+        return a[cut[c] : cut[c + 1]]
+
+    async def across(c: int) -> None:
+        await _allgather.allgather(on_lane, [piece(blocks[g], c) for g in lane], piece(inp, c))
+
+    async def after(c: int) -> None:
+        # Each rank shares what its lane brought with the others of its host, host by host: a
+        # pair's messages are posted and sent in that one order at both ends.
+        recvs = [on_host.recv(p, bv(piece(blocks[m[p]], c))) for m in hosts.members for p in peers]
+        sends = [on_host.send(p, bv(piece(blocks[m[i]], c))) for m in hosts.members for p in peers]
+        await wait_all(recvs)
+        await wait_all(sends)
+
+    await _pipeline(chunks, across, after=after)
+
+
+async def two_level_reduce_scatter(ctx: OpContext, out: Array, blocks: Sequence[Array], op: ReduceOp) -> None:
+    hosts = _hosts(ctx)
+    local, _, lane = _lane(hosts, ctx.rank)
+    step = _phase_op(op)
+    chunks = _chunks(out.nbytes * ctx.size)
+    cut = bounds(out.size, chunks)
+    on_host, on_lane = ctx.sub(local), ctx.sub(lane)
+    # sums[k]: this host's sum of the blocks of host k's i-th rank.
+    sums = [np.empty_like(out) for _ in hosts.members]
+
+    def piece(a: Array, c: int) -> Array:
+        return a[cut[c] : cut[c + 1]]
+
+    async def before(c: int) -> None:
+        for k, members in enumerate(hosts.members):
+            await direct.direct_reduce_scatter(
+                on_host, piece(sums[k], c), [piece(blocks[g], c) for g in members], step
+            )
+
+    async def across(c: int) -> None:
+        await _reduce_scatter.reduce_scatter(on_lane, piece(out, c), [piece(sk, c) for sk in sums], step)
+        await finalize(op, piece(out, c), ctx.size)
+
+    await _pipeline(chunks, across, before)

@@ -5,7 +5,7 @@ an operation here, with the form to run, when ``select.host_algorithm`` says its
 over hosts calls for the direct (one host, ``aiodist.collectives.direct``) or the hierarchical (several hosts,
 ``aiodist.collectives.hierarchical``) form. Each choice is logged at DEBUG level on the
 ``aiodist`` logger ("hierarchical", "host-ordered" for a large buffer's ring or chain with the
-ranks in host order, "direct"), the phases of a hierarchical operation too ("rank 2: all_reduce #7:
+ranks in host order, "direct"), "two-level", the phases of a hierarchical operation too ("rank 2: all_reduce #7:
 all_reduce hierarchical over 2 hosts (4 ranks)", then "rank 2: all_reduce #7: broadcast direct
 on one host (2 ranks)"), which is how one sees which path a job took.
 """
@@ -27,7 +27,10 @@ _note = hierarchical.note
 
 
 async def allreduce(ctx: OpContext, arr: Array, op: ReduceOp, how: str) -> None:
-    if how == "direct":
+    if how == select.TWO_LEVEL:
+        _note(ctx, "all_reduce", how)
+        await hierarchical.two_level_allreduce(ctx, arr, op)
+    elif how == "direct":
         _note(ctx, "all_reduce", how)
         await direct.direct_allreduce(ctx, arr, op)
     elif select.allreduce_algorithm(arr.nbytes, ctx.size) == "ring":
@@ -52,10 +55,18 @@ async def broadcast(ctx: OpContext, arr: Array, root: int, how: str) -> None:
 
 async def allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array, how: str) -> None:
     check_allgather(ctx, blocks, inp)
-    if how == "direct":
+    # Blocks may differ in size (all_gather_object): choose by what is equal on every rank.
+    equal = all(b.size == inp.size for b in blocks)
+    if how == select.TWO_LEVEL and equal:
+        _note(ctx, "all_gather", how)
+        await hierarchical.two_level_allgather(ctx, blocks, inp)
+    elif how == "direct":
         _note(ctx, "all_gather", how)
         await direct.direct_allgather(ctx, blocks, inp)
-    elif select.allgather_algorithm(inp.nbytes, ctx.size) == "ring":
+    elif (
+        how == select.TWO_LEVEL
+        or select.allgather_algorithm(max(b.nbytes for b in blocks), ctx.size) == "ring"
+    ):
         _note(ctx, "all_gather", HOST_ORDERED)
         await hierarchical.host_ordered_allgather(ctx, blocks, inp)
     else:
@@ -65,7 +76,10 @@ async def allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array, how: st
 
 async def reduce_scatter(ctx: OpContext, out: Array, blocks: Sequence[Array], op: ReduceOp, how: str) -> None:
     _note(ctx, "reduce_scatter", how)
-    await direct.direct_reduce_scatter(ctx, out, blocks, op)  # (no hierarchical form: flat across hosts)
+    if how == select.TWO_LEVEL:
+        await hierarchical.two_level_reduce_scatter(ctx, out, blocks, op)
+    else:
+        await direct.direct_reduce_scatter(ctx, out, blocks, op)
 
 
 async def reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int, how: str) -> None:

@@ -98,6 +98,9 @@ __all__ = [
     "RING_SLOTS",
     "SEGMENT_BYTES",
     "TREE_GATHER_BYTES",
+    "TWO_LEVEL",
+    "TWO_LEVEL_CHUNK_BYTES",
+    "TWO_LEVEL_MAX_CHUNKS",
     "TREE_GATHER_MIN_RANKS",
     "THREAD_REDUCE_BYTES",
     "allgather_algorithm",
@@ -209,8 +212,36 @@ _DIRECT_OPS = frozenset({"all_reduce", "broadcast", "all_gather", "reduce_scatte
 _HIERARCHICAL_OPS = frozenset({"all_reduce", "broadcast", "all_gather", "reduce", "barrier"})
 
 
+#: The two-level forms across hosts (``aiodist.collectives.hierarchical``): where every host
+#: holds as many ranks, more than one, that share memory, large reductions and gathers run
+#: among each host's ranks and, in between, among the i-th ranks of the hosts, so that each
+#: host's link carries what the hosts exchange (an all_reduce's buffer once each way between
+#: two hosts) instead of a ring's (n - 1) / n of it per rank. From the flat rings' switch points.
+TWO_LEVEL = "two-level"
+#: The two-level forms cut a buffer into chunks of about this size (at most TWO_LEVEL_MAX_CHUNKS)
+#: and overlap them: while one chunk crosses to the other hosts, the next is reduced on the host
+#: and the previous one shared there.
+TWO_LEVEL_CHUNK_BYTES = 4 * 1024 * 1024
+TWO_LEVEL_MAX_CHUNKS = 16
+
+
+def _two_level(op: str, nbytes: int, ctx: OpContext) -> bool:
+    hosts = ctx.hosts
+    if hosts is None or not hosts.uniform or not ctx.shares_memory():
+        return False
+    match op:
+        case "all_reduce":
+            return nbytes >= ALLREDUCE_RING_BYTES
+        case "all_gather":  # (bytes per rank)
+            return nbytes >= ALLGATHER_RING_BYTES
+        case "reduce_scatter":  # (total input bytes)
+            return nbytes >= REDUCE_SCATTER_RING_BYTES
+    return False
+
+
 def host_algorithm(op: str, nbytes: int, ctx: OpContext) -> str:
-    """``"direct"``, ``"hierarchical"`` or ``"flat"`` for operation ``op`` of ``nbytes`` on ``ctx``'s group.
+    """``"direct"``, ``"hierarchical"``, ``"two-level"`` or ``"flat"`` for operation ``op`` of
+    ``nbytes`` on ``ctx``'s group.
 
     Depends only on facts equal on every rank: the group's host map, whether its members reach
     the others of their host through shared memory, and ``AIODIST_HOST_ALGOS``, all three
@@ -223,6 +254,8 @@ def host_algorithm(op: str, nbytes: int, ctx: OpContext) -> str:
     if mode == "flat":
         return "flat"
     if hosts.layered:
+        if _two_level(op, nbytes, ctx):
+            return TWO_LEVEL
         return "hierarchical" if op in _HIERARCHICAL_OPS else "flat"
     if not hosts.one_host or op not in _DIRECT_OPS:
         return "flat"

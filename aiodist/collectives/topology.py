@@ -47,6 +47,11 @@ class HostMap:
         """More than one host, and more than one rank on some host: a hierarchy pays."""
         return 1 < len(self.members) < len(self.host_of)
 
+    @property
+    def uniform(self) -> bool:
+        """Every host has as many of the group's ranks as every other."""
+        return len({len(m) for m in self.members}) == 1
+
     def contiguous(self) -> bool:
         """Each host's ranks are a contiguous range (then host order is rank order)."""
         return all(m[-1] - m[0] + 1 == len(m) for m in self.members)

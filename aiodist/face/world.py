@@ -174,6 +174,8 @@ async def init_process_group(
                     await asyncio.sleep(min(1.0, seconds))
                 await rdv.store.aclose()
             raise
+    # The rendezvous told how many ranks share this machine's cores (other hosts of it too).
+    _busy_poll.for_loop(loop).reconsider()
     label = engine or "tcp"
     # (A CudaStager touches nothing of CUDA until a CUDA tensor is staged.)
     staged = StagedBackend(NATIVE, CudaStager())

@@ -19,8 +19,9 @@ async program's operations come one after another, and the next one's messages t
 no doorbell (measured: without it about one message in six of a stream of 1 MiB sendrecvs
 rang one, at about 20 µs of the sender's time each).
 
-When: only where the host has a core for each of its ranks (``aiodist.runtime.host``): polling on an
-oversubscribed host takes the core another rank needs. The sync face's loop thread polls only
+When: only where the host has a core for each of its ranks, and its machine one for each of
+the ranks of all its hosts (containers or network namespaces of one machine share its cores;
+``aiodist.runtime.host``): polling on oversubscribed cores takes the core another rank needs. The sync face's loop thread polls only
 while a caller is blocked on it, never while the caller's thread computes (the GIL is shared).
 
 Sources: a transport with shared memory registers a ``PollSource``; every turn of a polling
@@ -84,6 +85,11 @@ class BusyPoll:
         self._until = 0.0
         self._handle: asyncio.Handle | None = None
         self._sources: list[PollSource] = []
+
+    def reconsider(self) -> None:
+        """Take the budget again from what is known now (``aiodist.runtime.host`` learns at
+        rendezvous how many ranks share the machine's cores); an explicit setting stands."""
+        self.budget = budget_from_env()
 
     def add_source(self, source: PollSource) -> None:
         """Look at ``source`` on every turn while polling (see the module docstring)."""

@@ -1,4 +1,10 @@
-"""What this host offers the ranks running on it: cores, and how many ranks share them."""
+"""What this host offers the ranks running on it: cores, and how many ranks share them.
+
+A host is what shares memory (``host_id``); a machine is what shares cores: one kernel
+(``machine_id``, its boot id). Containers or network namespaces of one machine are hosts of
+their own that share its cores, so whether a rank may take a core to itself depends on the
+ranks of every host of its machine too (``note_ranks_on_machine``, told at rendezvous).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,18 @@ import functools
 import os
 import socket
 
-__all__ = ["cores", "has_core_per_rank", "has_spare_core", "host_id", "local_ranks"]
+__all__ = [
+    "cores",
+    "has_core_per_rank",
+    "has_spare_core",
+    "host_id",
+    "local_ranks",
+    "machine_id",
+    "note_ranks_on_machine",
+]
+
+# Ranks of this job on this machine, every host of it (see the module docstring); 0: not known.
+_ranks_on_machine = 0
 
 
 @functools.cache
@@ -30,18 +47,36 @@ def local_ranks() -> int:
         return 1
 
 
+def note_ranks_on_machine(n: int) -> None:
+    """Learn how many ranks of the job run on this machine, on every host of it (rendezvous)."""
+    global _ranks_on_machine
+    _ranks_on_machine = n
+
+
 def has_core_per_rank() -> bool:
-    """Every rank of this host can have a core to itself (so polling takes nobody's core)."""
-    return cores() >= local_ranks()
+    """Every rank of this host can have a core to itself (so polling takes nobody's core): its
+    host's ranks fit its cores, and its machine's ranks (other hosts of it too) the machine's."""
+    return cores() >= local_ranks() and _ranks_on_machine <= (os.cpu_count() or 1)
 
 
 def has_spare_core() -> bool:
     """There is a core beyond one per rank (so a worker thread runs beside every loop)."""
-    return cores() > local_ranks()
+    return cores() > local_ranks() and _ranks_on_machine < (os.cpu_count() or 1)
+
+
+@functools.cache
+def machine_id() -> str:
+    """Which kernel this process runs under (its boot id; empty where the system does not say):
+    the processes of one machine, whatever their containers or network namespaces."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def host_id() -> str:
-    """Which machine this process runs on, for telling ranks of one host from others.
+    """Which host this process runs on, for telling ranks of one host from others.
 
     ``AIODIST_HOST_ID`` when set (a test can place ranks of one machine on "different hosts"
     with it), else the host name and the kernel's boot id (two containers with one host name
@@ -51,9 +86,5 @@ def host_id() -> str:
     forced = os.environ.get("AIODIST_HOST_ID", "").strip()
     if forced:
         return forced
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
+    boot = machine_id()
     return f"{socket.gethostname()}/{boot}" if boot else socket.gethostname()

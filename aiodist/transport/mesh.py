@@ -96,6 +96,7 @@ class Identity:
     # Under torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True): this node's restart
     # attempt (TORCHELASTIC_RESTART_COUNT); None elsewhere.
     torchrun_attempt: int | None = None
+    machine: str = ""  # equal for the processes of one machine, whatever their hosts (boot id)
 
     @classmethod
     def here(cls, rank: int, world_size: int) -> Identity:
@@ -110,6 +111,7 @@ class Identity:
             _env_int("LOCAL_WORLD_SIZE"),
             _host.host_id(),
             (_env_int("TORCHELASTIC_RESTART_COUNT") or 0) if agent else None,
+            _host.machine_id(),
         )
 
     def encode(self) -> str:
@@ -490,16 +492,18 @@ async def _agree_hosts(
             )
         local = [set(rep.get("peers", ())) for rep in reports]
         keys = []
+        machines = []
         for r, raw in enumerate(idents):
             ident = Identity.decode(raw)
             # A rank of an older version says no host id: it counts as a host of its own.
             keys.append(ident.host_id if ident is not None and ident.host_id else f"rank:{r}")
+            machines.append(ident.machine if ident is not None else "")
         shm = [
             all(p in local[r] for p in range(world_size) if p != r and keys[p] == keys[r])
             and any(keys[p] == keys[r] for p in range(world_size) if p != r)
             for r in range(world_size)
         ]
-        await store.set("hosts", json.dumps({"keys": keys, "shm": shm}))
+        await store.set("hosts", json.dumps({"keys": keys, "shm": shm, "machines": machines}))
         # Rank 0 hosts the store in most jobs: it must not return (and maybe finish its job and
         # shut the store down) while a peer has yet to read the map, or that peer's init fails.
         read = [f"hosts/read/{r}" for r in range(1, world_size)]
@@ -515,6 +519,11 @@ async def _agree_hosts(
     transport.host_keys = tuple(str(k) for k in keys)
     transport.shm_local = tuple(bool(x) for x in shm)
     transport.host_algos = mode
+    machines = agreed.get("machines")
+    me = _host.machine_id()
+    if me and isinstance(machines, list):
+        # Hosts of one machine share its cores: busy polling and worker threads count them all.
+        _host.note_ranks_on_machine(sum(m == me for m in machines))
 
 
 async def _connect_lower(

@@ -41,6 +41,7 @@ LAYOUTS: dict[str, Callable[[int], list[str]]] = {
     # Shared memory on each host: the automatic choice runs the direct forms inside hosts.
     "one-host-shm": lambda n: ["h"] * n,
     "pairs-shm": lambda n: [f"h{r // 2}" for r in range(n)],
+    "triples-shm": lambda n: [f"h{r // 3}" for r in range(n)],
     "subgroups": lambda n: ["a", "a", "b", "b", "b"],
 }
 # (layout, world size): 2 x 2, 3 + 1 and the others at a few sizes, odd ones included; the
@@ -56,6 +57,8 @@ CASES = [
     ("one-per-host", 3),
     ("one-host-shm", 3),
     ("pairs-shm", 6),
+    ("pairs-shm", 4),
+    ("triples-shm", 6),
     *(("one-host-direct", n) for n in range(1, 9)),
 ]
 FULL_GRID = {3, 4}
@@ -76,6 +79,7 @@ def algo(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
         ):
             monkeypatch.setattr(select, name, 0)
         monkeypatch.setattr(select, "SEGMENT_BYTES", 256)
+        monkeypatch.setattr(select, "TWO_LEVEL_CHUNK_BYTES", 96)  # the two-level forms in many chunks
         monkeypatch.setattr(select, "RING_SLOTS", 2)
         monkeypatch.setattr(select, "THREAD_REDUCE_BYTES", 512)
         monkeypatch.setattr(select._host, "has_spare_core", lambda: True)
@@ -93,14 +97,19 @@ async def run(n: int, layout: str, fn: Callable[[ProcessGroup], Awaitable[Any]])
     )
 
 
-def expected_path(layout: str, n: int, algo: str) -> str | None:
-    """The word the log says for this layout's host-aware operations (None: none run): over
-    several hosts, the phases for small buffers, the flat rings and chains in host order for
-    large ones."""
+def expected_path(layout: str, n: int, algo: str, op: str = "broadcast") -> str | None:
+    """The word the log says for this layout's host-aware operation ``op`` (None: none runs):
+    over several hosts, the phases for small buffers; for large ones the two-level forms of
+    all_reduce, all_gather and reduce_scatter where every host has as many ranks sharing memory,
+    else the flat rings and chains in host order."""
     if layout in ("one-host-direct", "one-host-shm"):
         return "direct" if n > 1 else None
-    if layout == "one-per-host" or len(set(LAYOUTS[layout](n))) in (1, n):
+    hosts = LAYOUTS[layout](n)
+    if layout == "one-per-host" or len(set(hosts)) in (1, n):
         return None
+    uniform = len({hosts.count(h) for h in hosts}) == 1
+    if algo == "large" and uniform and layout.endswith("-shm") and op in ("all_reduce", "all_gather"):
+        return "two-level"
     return "hierarchical" if algo == "small" else "host-ordered"
 
 
@@ -140,6 +149,16 @@ def test_choice_follows_the_layout_and_the_switch() -> None:
         assert select.host_algorithm(op, big, layered) == "hierarchical"
     for op in ("all_to_all", "reduce_scatter", "gather", "scatter"):
         assert select.host_algorithm(op, big, layered) == "flat"
+    # The same number of ranks on every host, sharing memory: large reductions and gathers in two levels.
+    layered.transport.shm_local = (True,) * 4
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        assert select.host_algorithm(op, big, layered) == "two-level"
+        assert select.host_algorithm(op, 4, layered) != "two-level"  # small: the phases, or flat
+    assert select.host_algorithm("broadcast", big, layered) == "hierarchical"  # (its chain in host order)
+    uneven = _ctx(("a", "a", "a", "b"))
+    uneven.transport.shm_local = (True,) * 4
+    assert select.host_algorithm("all_reduce", big, uneven) == "hierarchical"
+    layered.transport.shm_local = None
     assert select.host_algorithm("all_reduce", big, _ctx(("a", "b", "c"))) == "flat"
     assert select.host_algorithm("all_reduce", big, _ctx(None)) == "flat"
     one = _ctx(("a", "a", "a"))
@@ -221,7 +240,10 @@ async def test_reductions(
         assert "reduce_scatter_tensor #2: reduce_scatter direct" in said
         assert ("all_reduce #0: all_reduce direct" in said) == (algo == "large")  # small: recursive doubling
     else:
-        assert f"all_reduce #0: all_reduce {path}" in said and f"reduce #1: reduce {path}" in said
+        reduced = expected_path(layout, n, algo, "all_reduce")
+        assert f"all_reduce #0: all_reduce {reduced}" in said and f"reduce #1: reduce {path}" in said
+        if reduced == "two-level":
+            assert "reduce_scatter_tensor #2: reduce_scatter two-level" in said
         # Inside each host: the direct forms where the host has shared memory, else the flat ones.
         local_direct = "all_reduce #0: broadcast direct on one host" in said
         assert local_direct == (layout.endswith("-shm") and path == "hierarchical")
@@ -278,7 +300,7 @@ async def test_data_movement(
     path = expected_path(layout, n, algo)
     if path is not None:
         assert f"broadcast #0: broadcast {path}" in caplog.text
-        assert f"all_gather #1: all_gather {path}" in caplog.text
+        assert f"all_gather #1: all_gather {expected_path(layout, n, algo, 'all_gather')}" in caplog.text
 
 
 @pytest.mark.parametrize("sub_ranks", [[1, 2, 4], [0, 1], [3, 1, 2, 0]])
@@ -360,3 +382,20 @@ async def test_rendezvous_refuses_ranks_that_disagree_on_the_switch() -> None:
         t.abort()
     want = "AIODIST_HOST_ALGOS differs between ranks: rank 0 has auto, rank 1 has flat"
     assert all(isinstance(e, DistError) and want in str(e) for e in got), got
+
+
+@pytest.mark.parametrize("layout", ["pairs", "pairs-shm"])
+async def test_blocks_either_side_of_a_switch_point_agree_on_the_algorithm(layout: str) -> None:
+    """all_gather_object sends blocks of each rank's own size: every rank must still pick the
+    same algorithm (by what is equal on all of them), or their messages would not pair."""
+    big = select.ALLGATHER_RING_BYTES
+
+    async def fn(g: ProcessGroup) -> list[Any]:
+        objs: list[Any] = [None] * g.size
+        mine = b"x" * (big * 2 if g.rank % 2 else 16)  # small on some ranks, past the switch on others
+        await asyncio.wait_for(dist.all_gather_object(objs, mine, group=g), 20)
+        return objs
+
+    res = await run(4, layout, fn)
+    want = [b"x" * (big * 2 if r % 2 else 16) for r in range(4)]
+    assert all(r == want for r in res)
