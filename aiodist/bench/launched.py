@@ -34,7 +34,7 @@ from aiodist.bench.collect import JobCollector
 from aiodist.bench.launchers import Launch
 from aiodist.bench.mpi_worker import MpiRuntime
 from aiodist.bench.progress import Progress
-from aiodist.bench.worker import AsyncAiodist, BlockingTorchLike, JobConfig, Worker, have_torch
+from aiodist.bench.worker import BlockingTorchLike, JobConfig, Worker, join_aiodist
 
 __all__ = ["LaunchedWorker", "measured_options", "options_differ", "refusal", "run_launched"]
 
@@ -172,16 +172,7 @@ class LaunchedWorker(Worker):
 
     async def setup(self) -> None:
         cfg, timeout = self.cfg, max(60.0, self.cfg.timeout)
-        if cfg.face == "async":
-            import aiodist
-
-            await aiodist.init_process_group("tcp", "env://", timeout=timeout)
-            self.runtimes.append(AsyncAiodist(cfg.aiodist_name))
-        else:
-            import aiodist.sync as sd
-
-            sd.init_process_group("gloo", "env://", timeout=datetime.timedelta(seconds=timeout))
-            self.runtimes.append(BlockingTorchLike(cfg.aiodist_name, sd, use_torch=have_torch()))
+        self.runtimes.append(await join_aiodist(cfg, timeout))
         await self._agree()
         if cfg.compare:
             import torch.distributed as td

@@ -33,7 +33,16 @@ import numpy as np
 from aiodist.bench import cases
 from aiodist.bench.cases import Buffers
 
-__all__ = ["AIODIST_NAMES", "JobConfig", "Runtime", "Worker", "have_torch", "iterations", "worker_main"]
+__all__ = [
+    "AIODIST_NAMES",
+    "JobConfig",
+    "Runtime",
+    "Worker",
+    "have_torch",
+    "iterations",
+    "join_aiodist",
+    "worker_main",
+]
 
 STREAM_BURST = 100  # messages per repetition of the "stream" case
 
@@ -327,6 +336,19 @@ class _RssSampler:
 # -- the job -------------------------------------------------------------------------------------
 
 
+async def join_aiodist(cfg: JobConfig, timeout: float) -> Runtime:
+    """Join the job's aiodist group (env://) on ``cfg``'s face; the runtime that measures it."""
+    if cfg.face == "async":
+        import aiodist
+
+        await aiodist.init_process_group("tcp", "env://", timeout=timeout)
+        return AsyncAiodist(cfg.aiodist_name)
+    import aiodist.sync as sd
+
+    sd.init_process_group("gloo", "env://", timeout=datetime.timedelta(seconds=timeout))
+    return BlockingTorchLike(cfg.aiodist_name, sd, use_torch=have_torch())
+
+
 class Worker:
     def __init__(self, rank: int, cfg: JobConfig, out: Any) -> None:
         self.rank = rank
@@ -351,16 +373,7 @@ class Worker:
                 world_size=self.n,
                 timeout=datetime.timedelta(seconds=timeout),
             )
-        if cfg.face == "async":
-            import aiodist
-
-            await aiodist.init_process_group("tcp", "env://", timeout=timeout)
-            self.runtimes.append(AsyncAiodist(cfg.aiodist_name))
-        else:
-            import aiodist.sync as sd
-
-            sd.init_process_group("gloo", "env://", timeout=datetime.timedelta(seconds=timeout))
-            self.runtimes.append(BlockingTorchLike(cfg.aiodist_name, sd, use_torch=have_torch()))
+        self.runtimes.append(await join_aiodist(cfg, timeout))
         if cfg.compare:
             import torch.distributed as td
 

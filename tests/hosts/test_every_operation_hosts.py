@@ -56,9 +56,10 @@ def test_async_face_on_two_hosts_of_two_ranks(make_bed: MakeBed, tmp_path: Path)
     check_async_suite(res, 4, ("numpy",))
     for r, out in enumerate(res):
         check_object_operations(out["objects_async"], r, 4)
-        # two hosts with two ranks each: the hierarchical forms, and the host-ordered rings for
-        # large buffers, with the direct forms inside each host (its ranks share memory)
-        for path in ("all_reduce hierarchical", "all_reduce host-ordered", "broadcast hierarchical",
+        # two hosts with two ranks each: the hierarchical forms, the two-level all_reduce and the
+        # host-ordered chain for large buffers, the direct forms inside each host (its ranks
+        # share memory)
+        for path in ("all_reduce hierarchical", "all_reduce two-level", "broadcast hierarchical",
                      "broadcast host-ordered", "reduce hierarchical", "all_gather hierarchical",
                      "barrier hierarchical", "broadcast direct"):  # fmt: skip
             assert path in out["paths"], (r, path, out["paths"])

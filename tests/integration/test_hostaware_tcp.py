@@ -13,7 +13,6 @@ import asyncio
 import importlib.util
 import logging
 import os
-import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -21,24 +20,12 @@ from typing import Any
 import numpy as np
 import pytest
 from support.faults import mark, since
+from support.paths import HostAwarePaths
 from support.suite import async_suite, check_async_suite, check_sync_suite, sync_suite
 
 from aiodist.testing import spawn
 
 pytestmark = pytest.mark.timeout(180)
-
-
-class _Paths(logging.Handler):
-    """Collects "op how" from the host-aware algorithms' DEBUG notes."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.seen: set[str] = set()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        m = re.search(r": \w+ #\d+: (\w+) (direct|hierarchical|host-ordered) ", record.getMessage())
-        if m:
-            self.seen.add(f"{m.group(1)} {m.group(2)}")
 
 
 async def _suite_on_hosts(
@@ -47,10 +34,7 @@ async def _suite_on_hosts(
     os.environ["AIODIST_HOST_ID"] = hosts[rank]
     os.environ["AIODIST_HOST_ALGOS"] = mode
     os.environ.update(env or {})
-    paths = _Paths()
-    logger = logging.getLogger("aiodist")
-    logger.setLevel(logging.DEBUG)
-    logger.addHandler(paths)
+    paths = HostAwarePaths().attach()
     import aiodist as dist
     from aiodist.face import world as _world
 
@@ -69,7 +53,7 @@ async def _suite_on_hosts(
         res = await async_suite(rank, size, "tcp", ("numpy",))
     finally:
         dist.destroy_process_group = orig_destroy  # type: ignore[assignment]
-        logger.removeHandler(paths)
+        logging.getLogger("aiodist").removeHandler(paths)
     res["paths"] = sorted(paths.seen)
     res["host_keys"] = keys
     res["shm"] = shm
@@ -84,8 +68,11 @@ def test_every_operation_on_two_hosts_runs_hierarchical(hosts: list[str]) -> Non
     for r, out in enumerate(res):
         assert out["host_keys"] == hosts
         # Small buffers in phases, large ones (all_reduce of 5.6 MB, broadcasts of 2.4 MB) in
-        # rings and chains with the ranks in host order.
-        for path in ("all_reduce hierarchical", "all_reduce host-ordered", "broadcast host-ordered"):
+        # chains with the ranks in host order, and in two levels where every host has as many
+        # ranks sharing memory (else in a ring in host order).
+        uniform = len({hosts.count(h) for h in hosts}) == 1 and all(out["shm"])
+        large = "all_reduce two-level" if uniform else "all_reduce host-ordered"
+        for path in ("all_reduce hierarchical", large, "broadcast host-ordered"):
             assert path in out["paths"], (path, out["paths"])
         for op in ("reduce", "all_gather", "barrier"):
             assert f"{op} hierarchical" in out["paths"], (op, out["paths"])
@@ -97,10 +84,7 @@ def test_every_operation_on_two_hosts_runs_hierarchical(hosts: list[str]) -> Non
 
 def _sync_suite_on_hosts(rank: int, size: int, hosts: list[str]) -> dict[str, Any]:
     os.environ["AIODIST_HOST_ID"] = hosts[rank]
-    paths = _Paths()
-    logger = logging.getLogger("aiodist")
-    logger.setLevel(logging.DEBUG)
-    logger.addHandler(paths)
+    paths = HostAwarePaths().attach()
     res = sync_suite(rank, size, "gloo", "cpu", False, "torch")
     res["paths"] = sorted(paths.seen)
     return res

@@ -122,19 +122,11 @@ def test_a_restarted_worker_group_meets_in_a_fresh_namespace(how: str, tmp_path:
     assert {found[1, r]["pid"] for r in (0, 1)}.isdisjoint({found[0, r]["pid"] for r in (0, 1)})
 
 
-def test_two_agents_on_one_machine(tmp_path: Path) -> None:
-    """--nnodes 2: two torchrun agents meet through the c10d rendezvous, one worker each."""
-    port = free_port()
-    args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
-    args += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-agents", CONVERTED]
+def _two_agents(args: list[str], env: dict[str, str]) -> list[tuple[str, str]]:
+    """Two torchrun agents (two nodes of one job) run to completion; both must succeed."""
     agents = [
         subprocess.Popen(
-            torchrun_cmd(args),
-            cwd=REPO,
-            env=launcher_env(tmp_path),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+            torchrun_cmd(args), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         for _ in range(2)
     ]
@@ -144,6 +136,15 @@ def test_two_agents_on_one_machine(tmp_path: Path) -> None:
         for agent in agents:
             agent.kill()
     assert [agent.returncode for agent in agents] == [0, 0], outputs
+    return outputs
+
+
+def test_two_agents_on_one_machine(tmp_path: Path) -> None:
+    """--nnodes 2: two torchrun agents meet through the c10d rendezvous, one worker each."""
+    port = free_port()
+    args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
+    args += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-agents", CONVERTED]
+    _two_agents(args, launcher_env(tmp_path))
     found = results(tmp_path)
     check_attempt(found, 0, 2)
     assert {found[0, r]["node"] for r in (0, 1)} == {"0", "1"}
@@ -161,18 +162,7 @@ def test_nodes_an_attempt_apart_come_back_in_step(tmp_path: Path) -> None:
     args = ["--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "2", "--rdzv-backend", "c10d"]
     args += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "apart", CONVERTED]
     env = launcher_env(tmp_path, FAIL_ONCE_RANK="1", IDLE_ONCE_SECONDS="60")
-    agents = [
-        subprocess.Popen(
-            torchrun_cmd(args), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for _ in range(2)
-    ]
-    try:
-        outputs = [agent.communicate(timeout=TORCHRUN_TIMEOUT) for agent in agents]
-    finally:
-        for agent in agents:
-            agent.kill()
-    assert [agent.returncode for agent in agents] == [0, 0], outputs
+    outputs = _two_agents(args, env)
     stderr = "".join(err for _, err in outputs)
     assert "and another node's workers already reached attempt 1" in stderr or (
         "under torchrun that is a worker of an earlier worker group" in stderr

@@ -2,24 +2,23 @@
 ``AIODIST_HOST_ALGOS`` says (``auto``: hierarchical across hosts; ``flat``: not).
 
 Each rank's inputs are random, seeded by its rank, so the test can compute every result
-itself; small buffers take the hierarchical forms, large ones the host-ordered rings and
-chains. Writes ``$OUT_DIR/rank_<RANK>.npz`` (every result) and ``rank_<RANK>.paths`` (the
+itself; small buffers take the hierarchical forms, large ones the two-level forms and the
+host-ordered chains. Writes ``$OUT_DIR/rank_<RANK>.npz`` (every result) and ``rank_<RANK>.paths`` (the
 host-aware forms that ran, from the ``aiodist`` logger's DEBUG notes).
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import re
 from pathlib import Path
 
 import numpy as np
 import uvloop
+from support.paths import HostAwarePaths
 
 import aiodist as dist
 
-#: (name, elements): small ones take the hierarchical forms, large ones the host-ordered ones.
+#: (name, elements): small ones take the hierarchical forms, large ones the two-level or host-ordered ones.
 SIZES = (("small", 1001), ("large", 600_001))
 DTYPES = ("float32", "float64", "int64")
 
@@ -32,22 +31,8 @@ def inputs(rank: int, n: int, dtype: str) -> np.ndarray:
     return rng.standard_normal(n).astype(dtype)
 
 
-class Paths(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.seen: set[str] = set()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        m = re.search(r": \w+ #\d+: (\w+) (direct|hierarchical|host-ordered) ", record.getMessage())
-        if m:
-            self.seen.add(f"{m.group(1)} {m.group(2)}")
-
-
 async def main() -> None:
-    paths = Paths()
-    logger = logging.getLogger("aiodist")
-    logger.setLevel(logging.DEBUG)
-    logger.addHandler(paths)
+    paths = HostAwarePaths().attach()
     await dist.init_process_group("tcp", timeout=60)
     rank, size = dist.get_rank(), dist.get_world_size()
     out: dict[str, np.ndarray] = {}

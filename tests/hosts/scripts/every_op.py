@@ -9,29 +9,15 @@ ran (the ``aiodist`` logger's DEBUG notes); everything is pickled to ``$OUT_DIR/
 
 from __future__ import annotations
 
-import logging
 import os
 import pickle
-import re
 import socket
 from pathlib import Path
 from typing import Any
 
 import uvloop
+from support.paths import HostAwarePaths
 from support.suite import async_suite, every_object_operation, sync_object_operations, sync_suite
-
-
-class Paths(logging.Handler):
-    """Collects "op how" (``all_reduce hierarchical``) from the host-aware algorithms' notes."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.seen: set[str] = set()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        m = re.search(r": \w+ #\d+: (\w+) (direct|hierarchical|host-ordered) ", record.getMessage())
-        if m:
-            self.seen.add(f"{m.group(1)} {m.group(2)}")
 
 
 def transport_facts() -> dict[str, Any]:
@@ -49,10 +35,7 @@ def transport_facts() -> dict[str, Any]:
 
 def main() -> None:
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    paths = Paths()
-    logger = logging.getLogger("aiodist")
-    logger.setLevel(logging.DEBUG)
-    logger.addHandler(paths)
+    paths = HostAwarePaths().attach()
     if os.environ["FACE"] == "async":
 
         async def then() -> dict[str, Any]:
