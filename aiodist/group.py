@@ -728,9 +728,9 @@ class ProcessGroup:
                 await check
                 return result
             except BaseException:
-                # (the other half's outcome is not wanted any more; nobody else reads it)
-                for half in (engine, check):
-                    half.add_done_callback(_consume)
+                # The engine's outcome is not wanted any more (nor reported as never retrieved);
+                # a check still running is stopped (one that ended was read above).
+                work._discard()
                 check.cancel()
                 raise
 
@@ -897,7 +897,3 @@ def _barrier(g: ProcessGroup, b: Binding) -> _args.Checked:
 async def _await(aw: Awaitable[Any]) -> Any:
     return await aw
 
-
-def _consume(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled():
-        fut.exception()

@@ -55,18 +55,15 @@ async def broadcast(ctx: OpContext, arr: Array, root: int, how: str) -> None:
 
 async def allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array, how: str) -> None:
     check_allgather(ctx, blocks, inp)
-    # Blocks may differ in size (all_gather_object): choose by what is equal on every rank.
-    equal = all(b.size == inp.size for b in blocks)
-    if how == select.TWO_LEVEL and equal:
-        _note(ctx, "all_gather", how)
-        await hierarchical.two_level_allgather(ctx, blocks, inp)
-    elif how == "direct":
+    if how == "direct":
         _note(ctx, "all_gather", how)
         await direct.direct_allgather(ctx, blocks, inp)
-    elif (
-        how == select.TWO_LEVEL
-        or select.allgather_algorithm(max(b.nbytes for b in blocks), ctx.size) == "ring"
-    ):
+    elif how == select.TWO_LEVEL and all(b.size == inp.size for b in blocks):
+        _note(ctx, "all_gather", how)
+        await hierarchical.two_level_allgather(ctx, blocks, inp)
+    # Blocks may differ in size (all_gather_object): choose by what is equal on every rank.
+    # (Two levels were chosen from the ring's switch point, so blocks of different sizes ring.)
+    elif select.allgather_algorithm(max(b.nbytes for b in blocks), ctx.size) == "ring":
         _note(ctx, "all_gather", HOST_ORDERED)
         await hierarchical.host_ordered_allgather(ctx, blocks, inp)
     else:

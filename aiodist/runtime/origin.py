@@ -147,6 +147,10 @@ def install(loop: asyncio.AbstractEventLoop) -> None:
         code = getattr(coro, "cr_code", None)
         if code is None or not code.co_filename.startswith(_AIODIST_DIR):
             kwargs["context"] = _child_context(loop, coro, kwargs.get("context"), outside)
+        elif _LINEAGE.get() is None:
+            # aiodist's own task takes its creator's name through the copy of its creator's
+            # context it runs in: a creator older than ``install`` is named first.
+            _adopt(loop)
         if previous is None:
             return asyncio.Task(coro, loop=loop, **kwargs)
         return previous(loop, coro, **kwargs)
@@ -165,14 +169,18 @@ def _child_context(
     if given is not None and given.get(_LINEAGE) is not parent:
         return given  # a context chosen with its own origin (``root_context``): keep it
     if parent is None:
-        creator = asyncio.current_task(loop)
-        if creator is None:
-            parent = outside
-        else:
-            # A task created before ``install``: it is named after its coroutine from now on
-            # (this runs in its context), and counts its children.
-            parent = Lineage(None, _coroutine_name(creator.get_coro()))
-            _LINEAGE.set(parent)
+        parent = _adopt(loop) or outside
     ctx = contextvars.copy_context() if given is None else given.copy()
     ctx.run(_LINEAGE.set, parent.child(_coroutine_name(coro)))
     return ctx
+
+
+def _adopt(loop: asyncio.AbstractEventLoop) -> Lineage | None:
+    """Name the running task, created before ``install``, after its coroutine from now on (this
+    runs in its context), so that it counts its children; None outside any task."""
+    creator = asyncio.current_task(loop)
+    if creator is None:
+        return None
+    lineage = Lineage(None, _coroutine_name(creator.get_coro()))
+    _LINEAGE.set(lineage)
+    return lineage

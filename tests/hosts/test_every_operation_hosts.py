@@ -74,17 +74,12 @@ def test_async_face_on_four_hosts_of_one_rank(make_bed: MakeBed, tmp_path: Path)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
-def test_sync_face_with_torch_tensors_on_three_hosts(make_bed: MakeBed, tmp_path: Path) -> None:
-    res = run_suite(make_bed, tmp_path, 3, 1, "sync", "torch")
-    check_sync_suite(res, 3, "torch")
+@pytest.mark.parametrize(("hosts", "per_host"), [(3, 1), (2, 2)], ids=["3x1", "2x2"])
+def test_sync_face_with_torch_tensors(make_bed: MakeBed, tmp_path: Path, hosts: int, per_host: int) -> None:
+    res = run_suite(make_bed, tmp_path, hosts, per_host, "sync", "torch")
+    size = hosts * per_host
+    check_sync_suite(res, size, "torch")
     for r, out in enumerate(res):
-        check_object_operations(out["objects_sync"], r, 3)
-
-
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
-def test_sync_face_with_torch_tensors_on_two_hosts_of_two_ranks(make_bed: MakeBed, tmp_path: Path) -> None:
-    res = run_suite(make_bed, tmp_path, 2, 2, "sync", "torch")
-    check_sync_suite(res, 4, "torch")
-    for r, out in enumerate(res):
-        check_object_operations(out["objects_sync"], r, 4)
-        assert "all_reduce hierarchical" in out["paths"], out["paths"]
+        check_object_operations(out["objects_sync"], r, size)
+        # several ranks on a host: the hierarchical forms; one a host: the flat ones
+        assert ("all_reduce hierarchical" in out["paths"]) == (per_host > 1), out["paths"]
