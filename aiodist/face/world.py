@@ -39,6 +39,7 @@ from aiodist.store.base import StoreShutDownError
 from aiodist.transport.base import Transport, exit_goodbye
 from aiodist.transport.mesh import claim_rank, connect_mesh
 from aiodist.transport.shm import shm_mode_from_env
+from aiodist.wire.control import Goodbye
 from aiodist.wire.handshake import secret_from_env
 
 __all__ = [
@@ -81,6 +82,9 @@ class World:
     job_store: Store | None = None  # this init's store namespace (engines rendezvous under it)
     host: str = "127.0.0.1"  # the address peers reach this rank at
     device: Any = None  # device_id, as a torch.device
+    # On a program's own loop: the task that leaves the job in order when asyncio.run winds
+    # the loop up (see _leave_when_the_loop_ends).
+    guardian: asyncio.Task[None] | None = None
 
 
 _world: World | None = None
@@ -201,6 +205,7 @@ async def init_process_group(
         raise
     _world = w
     _leave_at_exit(loop)
+    _leave_when_the_loop_ends(w)
     log.debug("aiodist: rank %d of %d initialised (pid %d)", my_rank, rdv.world_size, os.getpid())
 
 
@@ -311,6 +316,50 @@ def _destroy_at_exit(lt: _loop_thread.LoopThread) -> None:
         log.debug("aiodist: destroy_process_group at exit failed: %s", exc)
 
 
+def _leave_when_the_loop_ends(w: World) -> None:
+    """On a program's own loop (the async face), leave in order when the program ends.
+
+    ``asyncio.run`` (and ``uvloop.run``) cancel every task still pending once the main
+    coroutine has returned or raised, and run the loop until they are done: a task waiting
+    here is then told, and says goodbye to the peers (how the program ended: its main task's
+    exception, if it raised) before the loop closes. Without it, a program ending without
+    ``destroy_process_group`` would look to its peers like a crash, and what it sent last
+    could be refused to them.
+    """
+    lt = _loop_thread.started_loop_thread()
+    if lt is not None and lt.loop is w.loop:
+        return  # the sync face's loop thread: the exit hook leaves (_leave_at_exit)
+    w.guardian = w.loop.create_task(_guard(w, asyncio.current_task()))
+
+
+async def _guard(w: World, main: asyncio.Task[Any] | None) -> None:
+    try:
+        await w.loop.create_future()  # (set by nobody: destroy_process_group cancels it)
+    except asyncio.CancelledError:
+        if _world is not w:
+            return  # destroyed: nothing to do
+        w.transport.goodbye = _ending_of(main)
+        try:
+            await destroy_process_group()
+        except Exception as exc:  # the loop is winding up anyway; say why the leave was not clean
+            log.debug("aiodist: destroy_process_group as the loop ended failed: %s", exc)
+
+
+def _ending_of(main: asyncio.Task[Any] | None) -> Goodbye:
+    """How the program whose main task is ``main`` ended, for its goodbye."""
+    if main is None or not main.done():
+        return exit_goodbye()
+    if main.cancelled():
+        return Goodbye("exception", "KeyboardInterrupt or cancellation of the main task")
+    exc = main.exception()
+    if isinstance(exc, SystemExit) and exc.code not in (None, 0):
+        return Goodbye("exit_code", str(exc.code))
+    if exc is None or isinstance(exc, SystemExit):
+        return Goodbye("exit")
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return Goodbye("exception", text[:500])
+
+
 async def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """Destroy ``group``, or with None everything: every group, every connection, the store.
 
@@ -328,6 +377,8 @@ async def destroy_process_group(group: ProcessGroup | None = None) -> None:
             w.groups.remove(group)
         return
     _world = None
+    if w.guardian is not None and w.guardian is not asyncio.current_task():
+        w.guardian.cancel()
     for g in w.groups:
         g.abort("the process group was destroyed")
     for g in w.groups:

@@ -57,6 +57,11 @@ _DEFAULT_UNEXPECTED_CAP = 1 << 30
 # How many completed collectives each mailbox remembers, to recognise their late messages.
 _FINISHED_KEPT = 4096
 
+# Control messages kept for groups not created here yet: groups, and messages per group (a
+# resync sends one proposal per member and retry; a state query one per timeout).
+_EARLY_GROUPS_KEPT = 64
+_EARLY_CONTROL_KEPT = 1024
+
 
 def unexpected_cap_from_env() -> int:
     """``AIODIST_UNEXPECTED_CAP`` (bytes) or 1 GiB."""
@@ -483,6 +488,11 @@ class Transport(ABC):
         self.goodbye: Goodbye | None = None
         # Per group id: the group's handler of control messages (state queries, resync).
         self._control_handlers: dict[int, ControlHandler] = {}
+        # Control messages of groups not created here yet (a peer's resync right after
+        # init_process_group or new_group can overtake this rank's own creation of the group),
+        # handed over when the group registers; and the ids of groups that are gone.
+        self._control_early: dict[int, list[tuple[int, Control]]] = {}
+        self._control_gone: set[int] = set()
         # Every global rank's host id, and whether it reaches every other rank of its host
         # through shared memory: equal on every rank (the mesh agrees on them at rendezvous;
         # None: unknown). Host-aware collectives choose their algorithms from them.
@@ -533,18 +543,35 @@ class Transport(ABC):
             self._send_refused_listeners.remove(cb)
 
     def set_control_handler(self, gid: int, cb: ControlHandler | None) -> None:
-        """Route group ``gid``'s control messages to ``cb`` (None: drop them)."""
+        """Route group ``gid``'s control messages to ``cb``, first those that came before it
+        (None: the group is gone; drop them from now on)."""
         if cb is None:
             self._control_handlers.pop(gid, None)
-        else:
-            self._control_handlers[gid] = cb
+            self._control_gone.add(gid)
+            self._control_early.pop(gid, None)
+            return
+        self._control_handlers[gid] = cb
+        for src, msg in self._control_early.pop(gid, ()):
+            if self._control_handlers.get(gid) is cb and not self.closed:
+                cb(src, msg)
 
     def _control_received(self, src: int, msg: Control) -> None:
-        """A control message of a group arrived from ``src``: its group answers it."""
+        """A control message of a group arrived from ``src``: its group answers it (or will,
+        once it exists here: data messages wait for their receives the same way)."""
         gid = getattr(msg, "gid", None)
-        handler = self._control_handlers.get(gid) if isinstance(gid, int) else None
-        if handler is not None and not self.closed:
+        if not isinstance(gid, int) or self.closed:
+            return
+        handler = self._control_handlers.get(gid)
+        if handler is not None:
             handler(src, msg)
+        elif gid not in self._control_gone:
+            early = self._control_early.get(gid)
+            if early is None:
+                if len(self._control_early) >= _EARLY_GROUPS_KEPT:
+                    return  # (a peer cannot run that far ahead in a well-formed program)
+                early = self._control_early[gid] = []
+            if len(early) < _EARLY_CONTROL_KEPT:
+                early.append((src, msg))
 
     @abstractmethod
     def send_control(self, dst: int, msg: Control) -> None:

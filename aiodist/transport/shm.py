@@ -190,6 +190,10 @@ class _Link:
         self.stalled = False  # the next record waits for a receive or for room under the cap
         self.need = 0  # bytes the next record needs under the cap (0: it waits for its receive)
         self.broken: BaseException | None = None
+        # The peer has gone: what it wrote is all there will be, and its sends that completed
+        # count on it being delivered. The last drain neither parks a record nor heeds the
+        # cap: the ring bounds what it can hold.
+        self.last_drain = False
 
     # -- writing -------------------------------------------------------------------------
     def send(self, key: Key, payload: memoryview, fp: Fingerprint | None) -> asyncio.Future[None]:
@@ -362,7 +366,7 @@ class _Link:
                 return True
             if n > HOLD_AT_ONCE and self._park(n):
                 return False
-            if n and not paths.room_for(n):
+            if n and not self._room_for(n):
                 return self._no_room(n)
             paths.bytes_received += n
             mailbox.deliver(self.peer, key, fp, payload, owned=False)
@@ -376,7 +380,7 @@ class _Link:
             else:
                 if self._park(n):
                     return False
-                if not paths.room_for(n):
+                if not self._room_for(n):
                     return self._no_room(n)
                 paths.reserve(n)
                 self.part = _Part(key, fp, n, memoryview(bytearray(n)), None, held=True)
@@ -384,6 +388,10 @@ class _Link:
         # DESC: only ever a read of the process that offered the segment (and passed the probe)
         if rh.pid != self.peer_pid:
             raise ProtocolError(f"rank {self.peer} sent a descriptor of another process ({rh.pid})")
+        if self.last_drain:
+            # Its send had not completed (it completes once read), so nothing was promised; the
+            # memory it names is no longer the sender's to lend.
+            return True
         target = mailbox.match(self.peer, key, n, fp)
         if isinstance(target, PendingRecv):
             self._start_read(rh.pid, rh.addr, target.buf, target, key, fp)
@@ -407,11 +415,14 @@ class _Link:
         are not held up by a receive that may never come.
         """
         self.need = 0
-        if self.park_expired:
+        if self.park_expired or self.last_drain:
             return False
         if self.park_timer is None:
             self.park_timer = self.paths.loop.call_later(min(0.05, max(0.005, n / 1e9)), self._park_over)
         return True
+
+    def _room_for(self, n: int) -> bool:
+        return self.last_drain or self.paths.room_for(n)
 
     def _no_room(self, n: int) -> bool:
         self.need = n
@@ -815,7 +826,10 @@ class ShmPaths:
         link = self.links.get(peer)
         if link is None:
             return
-        link.drain()  # what it wrote before it went is intact: deliver it
+        # What it wrote before it went is intact, and a send completes once its record is in
+        # the ring: deliver (or hold) every record, whether or not its receive is posted yet.
+        link.last_drain = True
+        link.drain()
         link.fail(exc)
         self._check_settled()
 

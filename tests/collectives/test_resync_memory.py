@@ -98,3 +98,38 @@ async def test_resync_refuses_a_group_that_lost_a_member() -> None:
         fabric.kill(1)
         with pytest.raises(dist.DistNetworkError, match="destroy the process group and init again"):
             await dist.resync(gs[0])
+
+
+async def test_a_resync_proposal_that_overtakes_the_group_waits_for_it() -> None:
+    """A member's proposal for a group this rank has not created yet is handed to the group when
+    it is created (in arrival order), not dropped: resync right after new_group completes."""
+    async with _world(2, 5.0) as (fabric, _gs):
+        t0, t1 = fabric.transports
+        early = ProcessGroup(t0, [0, 1], 7, timeout=5.0)
+        proposal = early.resync()  # rank 1 has no group 7 yet
+        await asyncio.sleep(0.01)  # (the memory transport delivers on the next turn)
+        late = ProcessGroup(t1, [0, 1], 7, timeout=5.0)
+        reports = await asyncio.gather(proposal, late.resync())
+        assert [r.next_op for r in reports] == [0, 0]
+        await _exact_all_reduce([early, late])
+
+
+async def test_control_of_a_destroyed_group_is_dropped_and_early_control_is_bounded() -> None:
+    async with _world(2, 5.0) as (fabric, _gs):
+        t1 = fabric.transports[1]
+        seen: list[object] = []
+        g = ProcessGroup(t1, [0, 1], 9, timeout=5.0)
+        g.abort()  # gone: its control messages are dropped, not kept for a later group
+        t1._control_received(0, _proposal(9))
+        assert 9 not in t1._control_early
+        for gid in range(100, 300):  # a peer (or a stranger with the secret) far ahead: bounded
+            t1._control_received(0, _proposal(gid))
+        assert len(t1._control_early) <= 64
+        t1.set_control_handler(100, lambda src, msg: seen.append((src, msg.gid)))
+        assert seen == [(0, 100)]
+
+
+def _proposal(gid: int) -> object:
+    from aiodist.wire.control import GroupState, ResyncProposal
+
+    return ResyncProposal(gid, 1, GroupState(0, 0, 0, ()))

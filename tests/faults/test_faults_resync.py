@@ -129,3 +129,47 @@ def test_sync_face_resync_after_a_skipped_collective() -> None:
     assert "out of step" in res[1]["barrier"] and "call resync" in res[1]["barrier"], res[1]
     assert res[0]["next_op"] == res[1]["next_op"] == 1
     assert res[0]["after"] == res[1]["after"] == [3] * 4
+
+
+def _resync_at_once(rank: int, size: int, face: str, rounds: int) -> list[Any]:
+    """Every rank calls resync right after init_process_group and right after new_group."""
+    out = []
+    for _ in range(rounds):
+        if face == "sync":
+            import aiodist.sync as sdist
+
+            sdist.init_process_group("gloo", timeout=10)
+            first = sdist.resync()
+            g = sdist.new_group(timeout=10)
+            second = sdist.resync(g)
+            x = np.full(4, rank + 1, np.int64)
+            sdist.all_reduce(x)
+            sdist.all_reduce(x, group=g)
+            sdist.destroy_process_group()
+        else:
+
+            async def run() -> tuple[Any, Any, np.ndarray]:
+                await dist.init_process_group("tcp", "env://", timeout=10)
+                first = await dist.resync()
+                g = await dist.new_group(timeout=10)
+                second = await dist.resync(g)
+                x = np.full(4, rank + 1, np.int64)
+                await dist.all_reduce(x)
+                await dist.all_reduce(x, group=g)
+                await dist.destroy_process_group()
+                return first, second, x
+
+            first, second, x = asyncio.run(run())
+        out.append((first.next_op, second.next_op, x.tolist()))
+    return out
+
+
+@pytest.mark.parametrize("face", ["async", "sync"])
+@pytest.mark.parametrize("size", [2, 3])
+def test_resync_right_after_init_and_new_group(face: str, size: int) -> None:
+    """FAULTS row 37: a member's resync proposal can reach a rank before that rank has created
+    the group; it waits there for the group instead of being dropped."""
+    res = spawn(_resync_at_once, size, args=(face, 4), timeout=120)
+    total = sum(range(1, size + 1))
+    for r in range(size):
+        assert res[r] == [(0, 0, [total * size] * 4)] * 4, res
