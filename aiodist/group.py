@@ -65,13 +65,15 @@ log = logging.getLogger("aiodist")
 # rank, instead of waiting for the timeout.
 PEER_LOSS_GRACE = 1.0
 
+_MIN_TAG, _MAX_TAG = -(2**63), 2**63 - 1
+
 
 class _Op:
     """Bookkeeping of one in-flight operation."""
 
     __slots__ = (
         "cleanup", "deadline", "error", "future", "is_task", "key", "limit", "name", "on_timeout",
-        "sent", "started", "survives_loss",
+        "peer", "sent", "started", "survives_loss",
     )  # fmt: skip
 
     def __init__(self, name: str, key: Key) -> None:
@@ -83,7 +85,7 @@ class _Op:
         self.error: BaseException | None = None
         self.is_task = False
         self.started = False  # a task's body has run its first step
-        self.cleanup: Callable[[], None] | None = None
+        self.cleanup: Callable[[], object] | None = None
         self.survives_loss = False  # a diagnostic that reports lost members itself
         # What its deadline fails it with, for an operation its backend's own engine runs
         # (``ProcessGroup.track_own``); None: a collective over the transport, whose timeout
@@ -92,6 +94,8 @@ class _Op:
         # A pending send: (receiver, fingerprint of its message), so that the receiver's refusal
         # of the message fails it (``ProcessGroup._on_send_refused``).
         self.sent: tuple[int, Fingerprint] | None = None
+        # A point-to-point operation's peer (None: a receive from any source, or a collective).
+        self.peer: int | None = None
 
 
 def _describe_ranks(ranks: Sequence[int | None]) -> str:
@@ -129,6 +133,7 @@ class ProcessGroup:
         backend: str = "tcp",
         name: str = "",
         runs_on: Backend = NATIVE,
+        task_check: str = "auto",
     ) -> None:
         self.transport = transport
         self.runs_on = runs_on
@@ -165,8 +170,12 @@ class ProcessGroup:
         # Refusals of messages of sends that had completed, by (receiver, tag): the next send to
         # that receiver with that tag raises it (``_on_send_refused``).
         self._refused: dict[tuple[int, int], CollectiveMismatchError] = {}
+        # The tasks that started collectives here, and when differing ones are a mismatch.
+        self.origins = _origin.OriginBook(task_check)
         if self.rank >= 0:
+            transport.mailbox.origin_books[gid] = self.origins
             transport.add_peer_lost_listener(self._on_peer_lost)
+            transport.add_peer_gone_listener(self._on_peer_gone)
             transport.add_key_failed_listener(self._on_key_failed)
             transport.add_send_refused_listener(self._on_send_refused)
             transport.set_control_handler(gid, self._keeper.on_control)
@@ -196,10 +205,11 @@ class ProcessGroup:
                 f"{what}: global rank {self.global_rank} is not a member of {self.name} (ranks {list(self.ranks)})"
             )
         if self.broken is not None:
-            err = type(self.broken)(
-                f"{what} on rank {self.global_rank}: {self.name} is broken: {self.broken}"
-            )
-            raise err from self.broken
+            if isinstance(self.broken, CollectiveMismatchError):  # (ranks disagreed: resync settles it)
+                state = f"{self.name} cannot go on until resync on every rank: {self.broken}"
+            else:
+                state = f"{self.name} is broken: {self.broken}"
+            raise type(self.broken)(f"{what} on rank {self.global_rank}: {state}") from self.broken
 
     def _on_peer_lost(self, peer: int, exc: DistNetworkError) -> None:
         """A member is gone: the group is broken for every later call.
@@ -219,6 +229,14 @@ class ProcessGroup:
         stranded = [op for op in self._inflight.values() if op.future is not None and not op.survives_loss]
         if stranded:
             self.loop.call_later(PEER_LOSS_GRACE, self._fail_stranded, stranded, exc)
+
+    def _on_peer_gone(self, peer: int, exc: DistNetworkError) -> None:
+        """A peer is gone (lost, or left in order): this group's point-to-point operations with
+        it fail at once, naming themselves (the transport's error names only the rank)."""
+        for op in [op for op in self._inflight.values() if op.peer == peer]:
+            err = DistNetworkError(f"{op.name} on rank {self.global_rank} failed: {exc}")
+            err.__cause__ = exc
+            self._fail(op, err)
 
     def _fail_stranded(self, ops: list[_Op], exc: DistNetworkError) -> None:
         """Fail the operations that were in flight when a member was lost and are still pending."""
@@ -272,7 +290,7 @@ class ProcessGroup:
                     err = CollectiveMismatchError(
                         f"{op.name} on rank {self.global_rank}: the receiver refused the message: {exc}"
                     )
-                    self._fail(op, err)
+                    self._fail(op, err, withdraw=False)  # (the message reached it: nothing to take back)
                     return
                 break  # it completed a moment ago (its untracking is yet to run)
         self._refused[(peer, key[2])] = exc
@@ -301,10 +319,13 @@ class ProcessGroup:
             )
         self._keeper.close(reason)
         self.transport.remove_peer_lost_listener(self._on_peer_lost)
+        self.transport.remove_peer_gone_listener(self._on_peer_gone)
         self.transport.remove_key_failed_listener(self._on_key_failed)
         self.transport.remove_send_refused_listener(self._on_send_refused)
         if self.rank >= 0:
             self.transport.set_control_handler(self.gid, None)
+            if self.transport.mailbox.origin_books.get(self.gid) is self.origins:
+                del self.transport.mailbox.origin_books[self.gid]
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
             self._deadline_timer, self._deadline_at = None, math.inf
@@ -357,10 +378,18 @@ class ProcessGroup:
             self.transport.abandon(op.key)
             self._keeper.timed_out(op, t, phrase, self.transport.stall_note())
             return
-        waiting = self.transport.mailbox.waiting_on(op.key)
+        if op.sent is not None:
+            what = (
+                f": rank {op.sent[0]} had not taken the message (no receive posted for it, or not "
+                "reading); the message is withdrawn, nothing of it is delivered"
+            )
+        elif waiting := self.transport.mailbox.waiting_on(op.key):
+            what = f" waiting for data from {_describe_ranks(waiting)}"
+        else:  # (matched: its message was arriving)
+            what = " while its message was arriving (the message is kept for the next receive)"
         err = DistTimeoutError(
-            f"{op.name} on rank {self.global_rank} ({self.name}) reached its timeout of {t:g} s "
-            f"waiting for data from {_describe_ranks(waiting)}{self.transport.stall_note()}"
+            f"{op.name} on rank {self.global_rank} ({self.name}) reached its timeout of {t:g} s"
+            f"{what}{self.transport.stall_note()}"
         )
         self._fail(op, err)
 
@@ -392,12 +421,16 @@ class ProcessGroup:
         waiting = self.transport.mailbox.waiting_on(op.key)
         return f" waiting for data from {_describe_ranks(waiting)}" if waiting else ""
 
-    def _fail(self, op: _Op, err: BaseException) -> None:
+    def _fail(self, op: _Op, err: BaseException, *, withdraw: bool = True) -> None:
+        """Fail ``op`` with ``err``; ``withdraw``: take back what it still sends or receives
+        first (its cleanup), unless its message was taken already (then it completes)."""
         fut = op.future
         if fut is None or fut.done():
             return
-        if op.cleanup is not None:
+        if op.cleanup is not None and withdraw:
             op.cleanup()
+            if fut.done():  # (a send whose message turned out to be the receiver's already)
+                return
         if op.is_task:
             if op.error is None:  # the first cause wins (a mismatch report, then the peer's abort)
                 op.error = err
@@ -488,7 +521,7 @@ class ProcessGroup:
         key: Key,
         fut: asyncio.Future[Any],
         timeout: float | None,
-        cleanup: Callable[[], None] | None = None,
+        cleanup: Callable[[], object] | None = None,
     ) -> Work:
         """Track a plain future (a posted receive, a pending send) as an operation."""
         if fut.done():
@@ -530,6 +563,10 @@ class ProcessGroup:
     def _check_tag(tag: Any) -> int:
         if not isinstance(tag, int) or isinstance(tag, bool):
             raise DistTypeError(f"tag must be an int, got {type(tag).__name__}")
+        if not _MIN_TAG <= tag <= _MAX_TAG:
+            # (it travels in every message's header as a signed 64-bit integer; a receive that
+            # accepted it would wait for a message no send can carry)
+            raise DistValueError(f"tag must be a signed 64-bit integer ({_MIN_TAG} to {_MAX_TAG}), got {tag}")
         return tag
 
     def p2p_args(self, what: str, peer: Any, tag: Any) -> tuple[int | None, int]:
@@ -577,12 +614,17 @@ class ProcessGroup:
         except DistError as exc:
             return b.complete(Work.failed(self.loop, name, exc))
         if isinstance(sent, asyncio.Future):
-            work = self._watch(name, key, sent, timeout)
+            # A send that fails (its timeout, destroy) takes its message back: a program that
+            # sends again must not have it delivered twice (or an older buffer's contents).
+            work = self._watch(
+                name, key, sent, timeout, cleanup=lambda: self.transport.cancel_send(peer, sent)
+            )
         else:
             work = self.start(name, key, _await(sent), timeout)
         op = self._inflight.get(work._future)
         if op is not None:  # pending: a refusal of its message by the receiver fails it
             op.sent = (peer, fp)
+            op.peer = peer
         return b.complete(work)
 
     def recv(self, tensor: Any, src: int | None = None, tag: int = 0, timeout: float | None = None) -> Work:
@@ -602,6 +644,9 @@ class ProcessGroup:
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
         fut = self.transport.recv(src, key, byte_view(arr), fp)
         work = self._watch(name, key, fut, timeout, cleanup=lambda: self.transport.cancel_recv(fut))
+        op = self._inflight.get(work._future)
+        if op is not None:
+            op.peer = src
         return b.complete(work)
 
     def batch_isend_irecv(self, p2p_op_list: Sequence[Any]) -> list[Work] | None:
@@ -633,7 +678,9 @@ class ProcessGroup:
         seq = self._seq
         self._seq += 1
         key = (self.gid, COLL, seq)
-        fp = [name, seq, dtype, count, root, redop, _origin.current()]
+        origin = _origin.current()
+        self.origins.note(origin)
+        fp = [name, seq, dtype, count, root, redop, origin]
         return OpContext(self.transport, self.ranks, self.rank, key, fp)
 
     def _launch(
@@ -896,4 +943,3 @@ def _barrier(g: ProcessGroup, b: Binding) -> _args.Checked:
 
 async def _await(aw: Awaitable[Any]) -> Any:
     return await aw
-

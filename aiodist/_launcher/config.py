@@ -621,7 +621,14 @@ def _program(args: argparse.Namespace) -> tuple[str, ...]:
             )
         return (sys.executable, "-u", "-m", target)
     if not os.path.exists(target):
-        raise ValueError(f"{target}: no such file (the script each worker would run)")
+        # As under torchrun, the program is a Python file unless --no-python says otherwise; an
+        # installed command (aiodist-bench) is a common slip, so say how to run it.
+        hint = (
+            f"; {target} is a command on PATH: run it with --no-python {target}"
+            if os.sep not in target and shutil.which(target) is not None
+            else ""
+        )
+        raise ValueError(f"{target}: no such file (the script each worker would run){hint}")
     return (sys.executable, "-u", target)
 
 

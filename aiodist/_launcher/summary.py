@@ -7,7 +7,9 @@ Every worker of the failed attempt ends in one of three ways (:attr:`WorkerExit.
 - **stopped by the launcher**: it was still running when the launcher signalled it;
 - **succeeded**: exit code 0.
 
-The root cause is one of the workers that failed on their own; :func:`root_cause` says which.
+The root cause is one of the workers that failed on their own or, when every one of them only
+reports a failure elsewhere, the rank of another node that their errors lead to; :func:`root_cause`
+says which.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from aiodist._launcher.tracebacks import blamed_rank
+from aiodist._launcher.tracebacks import named_ranks
 
 __all__ = [
     "CLOSE_EXITS",
     "Ending",
+    "RootCause",
     "WorkerExit",
     "describe_exit",
     "format_summary",
@@ -99,51 +102,150 @@ class WorkerExit:
         """``rank 1 (local_rank 1, pid 4242): exit code 1``."""
         return f"rank {self.rank} (local_rank {self.local_rank}, pid {self.pid}): {describe_exit(self.returncode)}"
 
+    @property
+    def killed(self) -> bool:
+        """True if a signal the launcher did not send ended it (the OOM killer's SIGKILL, a
+        segfault), SIGABRT aside: a program aborts itself after saying why ("Fatal Python error")."""
+        return self.returncode < 0 and self.stopped_by is None and -self.returncode != signal.SIGABRT
+
+    def named(self) -> list[int]:
+        """The other ranks its error names, in order; none for a :attr:`killed` worker, whose last
+        line of stderr is not why it ended."""
+        if self.error is None or self.killed:
+            return []
+        return named_ranks(self.error, own_rank=self.rank)
+
     def blames(self) -> int | None:
         """The other rank its error points at (the first it names), or None: errors such as
         "rank 2 abandoned all_reduce" or "rank 1 closed its connection" report another's failure."""
-        return blamed_rank(self.error, own_rank=self.rank) if self.error else None
+        named = self.named()
+        return named[0] if named else None
 
 
-def _votes(exits: Sequence[WorkerExit]) -> dict[int, list[int]]:
-    """rank -> the ranks whose errors lead to it (see :func:`root_cause`)."""
-    points = {e.rank: e.blames() for e in exits}
-    votes: dict[int, list[int]] = {}
+def _named(worker: WorkerExit, world_size: int | None) -> list[int]:
+    """The ranks of the job that ``worker``'s error names, in order (a number past the world size,
+    as in "expected a rank 3 tensor" in a job of 2, names none)."""
+    return [r for r in worker.named() if world_size is None or r < world_size]
+
+
+def _blames(worker: WorkerExit, world_size: int | None) -> int | None:
+    named = _named(worker, world_size)
+    return named[0] if named else None
+
+
+def _leads(exits: Sequence[WorkerExit], world_size: int | None) -> dict[int, int]:
+    """rank -> the rank its error leads to, for each worker whose error points at another rank
+    (see :func:`root_cause`)."""
+    here = {e.rank: e for e in exits}
+    leads: dict[int, int] = {}
     for voter in exits:
         chain = [voter.rank]
-        target = points[voter.rank]
+        speaker = voter  # the worker whose error the chain is reading
+        target = _blames(voter, world_size)
         while target is not None and target not in chain:
             chain.append(target)
-            target = points.get(target)
+            if target in here:
+                speaker = here[target]
+                target = _blames(speaker, world_size)
+            else:
+                # A rank of another node: the rest of the error names what it reported in turn.
+                named = _named(speaker, world_size)
+                after = named.index(target) + 1
+                target = named[after] if after < len(named) else None
         if target is not None:
             # Back at a rank already on the chain (a loop): stop at it, or one further if it is the voter.
             chain = chain[: max(chain.index(target), 1) + 1]
         if len(chain) > 1:
-            votes.setdefault(chain[-1], []).append(voter.rank)
+            leads[voter.rank] = chain[-1]
+    return leads
+
+
+def _votes(leads: dict[int, int]) -> dict[int, list[int]]:
+    """rank -> the ranks whose errors lead to it, from :func:`_leads`."""
+    votes: dict[int, list[int]] = {}
+    for voter, rank in leads.items():
+        votes.setdefault(rank, []).append(voter)
     return votes
 
 
-def root_cause(exits: Sequence[WorkerExit]) -> WorkerExit | None:
-    """The worker whose failure the others' follow from; None if no worker failed on its own.
+@dataclass(frozen=True, slots=True)
+class RootCause:
+    """The rank a failure summary names as the root cause.
+
+    Attributes:
+        rank: its global rank.
+        worker: the worker of this node the summary shows: the root cause itself or, when that
+            runs on another node (:attr:`remote`), the worker of this node whose error says so.
+        led_by: the ranks whose errors lead to it, in rank order.
+    """
+
+    rank: int
+    worker: WorkerExit
+    led_by: tuple[int, ...] = ()
+
+    @property
+    def remote(self) -> bool:
+        """True if the root cause runs on another node (its error is in that node's summary)."""
+        return self.rank != self.worker.rank
+
+    def one_line(self) -> str:
+        """``rank 1 (local_rank 1, pid 4242): exit code 1: ValueError: ...``; for a rank of
+        another node, ``rank 3, on another node; seen here by rank 0 (...): ...``."""
+        line = self.worker.one_line()
+        if self.worker.error:
+            line += f": {self.worker.error}"
+        return f"rank {self.rank}, on another node; seen here by {line}" if self.remote else line
+
+
+def root_cause(exits: Sequence[WorkerExit], *, world_size: int | None = None) -> RootCause | None:
+    """The rank whose failure the others' follow from; None if no worker failed on its own.
 
     The rule: each worker's error points at the first other rank it names ("rank 2 abandoned
-    all_reduce #1: rank 1 has left the job" points at rank 2). Follow the pointers from worker to
-    worker until a rank whose error points nowhere (it failed for a reason of its own), a rank
-    whose error is not known here, or a rank already on the chain (two ranks that blame each
-    other, as both sides of a mismatch do: the chain stops at the first of the two it reached,
-    never at the worker it started from). Each chain is one vote for the rank it stops at.
-    Among the workers that failed on their own and exited within ``CLOSE_EXITS`` seconds of the
-    first of them (a failure reaches the other ranks within milliseconds, so exit order alone is a
-    race), the root cause has the most votes; on a tie, it is one whose error points nowhere, then
-    the first to exit.
+    all_reduce #1: rank 1 has left the job" points at rank 2); a worker killed by a signal the
+    launcher did not send points nowhere, whatever it wrote last. Follow the pointers from worker
+    to worker until a rank whose error points nowhere (it failed for a reason of its own), a rank
+    already on the chain (two ranks that blame each other, as both sides of a mismatch do: the
+    chain stops at the first of the two it reached, never at the worker it started from), or a
+    rank whose error is not known here. At a rank of another node, the chain reads on in the
+    error that named it: the next rank that error names is the one that rank reported ("rank 2
+    abandoned all_reduce #1: rank 1 has left the job" leads to rank 1 through rank 2). Each chain
+    is one vote for the rank it stops at.
+
+    The workers that count are those that failed on their own and exited within
+    ``CLOSE_EXITS`` seconds of the first of them (a failure reaches the other ranks within
+    milliseconds, so exit order alone is a race). When the chain of every one of them ends at
+    a rank of another node, none of them failed for a reason of its own: the root cause is the
+    rank of another node with the most votes (on a tie, the one reached by the first to exit),
+    shown through the worker here whose error names it first, else the first to exit. Otherwise
+    the root cause is the one of them with the most votes; on a tie, one whose error points
+    nowhere (killed by a signal, or an error that names no other rank), then the first to exit.
+
+    ``world_size``, when given, is the job's: a number its errors name past it is no rank.
     """
     failed = [e for e in exits if e.ending is Ending.FAILED]
     if not failed:
         return None
     first = min(e.exit_time for e in failed)
     close = [e for e in failed if e.exit_time <= first + CLOSE_EXITS]
-    votes = _votes(exits)
-    return min(close, key=lambda e: (-len(votes.get(e.rank, ())), e.blames() is not None, e.exit_time))
+    leads = _leads(exits, world_size)
+    votes = _votes(leads)
+    here = {e.rank for e in exits}
+    if all(leads.get(e.rank, e.rank) not in here for e in close):
+        reached = {leads[e.rank] for e in close}
+        rank = min(
+            reached,
+            key=lambda r: (-len(votes[r]), min(e.exit_time for e in close if leads[e.rank] == r), r),
+        )
+        worker = min(
+            (e for e in close if leads[e.rank] == rank),
+            key=lambda e: (_blames(e, world_size) != rank, e.exit_time, e.rank),
+        )
+        return RootCause(rank, worker, tuple(sorted(votes[rank])))
+    worker = min(
+        close,
+        key=lambda e: (-len(votes.get(e.rank, ())), _blames(e, world_size) is not None, e.exit_time),
+    )
+    return RootCause(worker.rank, worker, tuple(sorted(votes.get(worker.rank, ()))))
 
 
 def _timestamp(epoch: float) -> str:
@@ -154,14 +256,18 @@ def _clock(epoch: float) -> str:
     return datetime.fromtimestamp(epoch).strftime("%H:%M:%S.%f")[:-3]
 
 
-def _why(root: WorkerExit, exits: Sequence[WorkerExit]) -> str:
-    voters = sorted(_votes(exits).get(root.rank, ()))
-    others = [e.exit_time for e in exits if e is not root and e.ending is Ending.FAILED]
-    reasons = [
-        "the first to fail on its own" if all(root.exit_time < t for t in others) else "failed on its own"
-    ]
-    if voters:
-        reasons.append(f"the errors of rank{'s' if len(voters) > 1 else ''} {_list(voters)} lead to it")
+def _why(root: RootCause, exits: Sequence[WorkerExit]) -> str:
+    if root.remote:
+        reasons = ["on another node"]
+    else:
+        others = [e.exit_time for e in exits if e is not root.worker and e.ending is Ending.FAILED]
+        first = all(root.worker.exit_time < t for t in others)
+        reasons = ["the first to fail on its own" if first else "failed on its own"]
+    voters = root.led_by
+    if len(voters) == 1:
+        reasons.append(f"the error of rank {voters[0]} leads to it")
+    elif voters:
+        reasons.append(f"the errors of ranks {_list(voters)} lead to it")
     return "; ".join(reasons)
 
 
@@ -188,34 +294,50 @@ def format_summary(
     node_rank: int,
     restarts: int,
     max_restarts: int,
+    world_size: int | None = None,
 ) -> str:
     """The report printed to stderr when the group failed and no restart is left.
 
     ``exits`` holds every worker of the failed attempt on this node. The root cause is chosen by
     :func:`root_cause` (the first worker to exit with an error when none failed on its own, which
-    only happens if the launcher was signalled at the same moment).
+    only happens if the launcher was signalled at the same moment). When it runs on another node,
+    the summary says so and shows the worker of this node whose error leads to it. ``world_size``:
+    as for :func:`root_cause`.
     """
-    root = root_cause(exits) or min(
-        (e for e in exits if e.returncode != 0), key=lambda e: e.exit_time, default=exits[0]
-    )
+    cause = root_cause(exits, world_size=world_size)
+    if cause is None:
+        fallback = min((e for e in exits if e.returncode != 0), key=lambda e: e.exit_time, default=exits[0])
+        cause = RootCause(fallback.rank, fallback)
+    root = cause.worker
+    where = f"(local_rank {root.local_rank}, node {node_rank}, host {socket.gethostname()})"
     lines = [
         _RULE,
         f"{prog}: worker group failed (restarts used: {restarts} of {max_restarts})",
         _THIN,
-        f"Root cause: rank {root.rank} ({_why(root, exits)})",
-        f"  rank      : {root.rank} (local_rank {root.local_rank}, node {node_rank}, host {socket.gethostname()})",
+        f"Root cause: rank {cause.rank} ({_why(cause, exits)})",
+    ]
+    if cause.remote:
+        lines += [
+            f"  rank      : {cause.rank}, on another node: its own error is in that node's launcher output",
+            f"  seen by   : rank {root.rank} {where}",
+        ]
+    else:
+        lines.append(f"  rank      : {root.rank} {where}")
+    lines += [
         f"  pid       : {root.pid}",
         f"  exit      : {describe_exit(root.returncode)}",
         f"  time      : {_timestamp(root.exit_time)}",
         f"  error     : {root.error or '(it wrote nothing to stderr)'}",
     ]
-    blamed = root.blames()
+    blamed = None if cause.remote else _blames(root, world_size)
     if blamed is not None and blamed not in {e.rank for e in exits}:
         lines.append(
             f"  note      : its error points at rank {blamed}, which runs on another node: "
             "see that node's launcher output"
         )
-    if blamed is not None and root.rank == next((e.blames() for e in exits if e.rank == blamed), None):
+    if blamed is not None and root.rank == next(
+        (_blames(e, world_size) for e in exits if e.rank == blamed), None
+    ):
         lines.append(
             f"  note      : ranks {root.rank} and {blamed} blame each other (their operations disagree): "
             "the one that deviates may be either"

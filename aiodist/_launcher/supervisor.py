@@ -129,12 +129,13 @@ class _Worker:
     exit_time: float | None = None
     stopped_by: int | None = None
 
-    def seen_exited(self) -> bool:
-        """True once the process has exited; the first call that sees it records the exit time."""
+    def seen_exited(self, now: float) -> bool:
+        """True once the process has exited; the first call that sees it records ``now`` as its
+        exit time (see :func:`_poll`)."""
         if self.process.returncode is None:
             return False
         if self.exit_time is None:
-            self.exit_time = time.time()
+            self.exit_time = now
         return True
 
     def ended(self) -> WorkerExit:
@@ -154,6 +155,13 @@ class _Worker:
             hidden_frames=hidden,
             stderr_log=self.stderr_log,
         )
+
+
+def _poll(workers: list[_Worker]) -> list[_Worker]:
+    """The workers that have exited. Those this poll sees first get one exit time: the order in
+    which it looks at them says nothing of the order in which they exited."""
+    now = time.time()
+    return [worker for worker in workers if worker.seen_exited(now)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,10 +243,8 @@ class Supervisor:
             if not outcome.failed:
                 return 0
             if attempt < config.max_restarts:
-                root = root_cause(outcome.exits)
+                root = root_cause(outcome.exits, world_size=config.world_size)
                 cause = "a worker failed" if root is None else root.one_line()
-                if root is not None and root.error:
-                    cause += f": {root.error}"
                 self.notice(
                     f"worker group failed: {cause}; restarting it (restart {attempt + 1} of {config.max_restarts})"
                 )
@@ -250,6 +256,7 @@ class Supervisor:
                     node_rank=config.node_rank,
                     restarts=attempt,
                     max_restarts=config.max_restarts,
+                    world_size=config.world_size,
                 )
             )
             return 1
@@ -335,7 +342,7 @@ class Supervisor:
         launcher is signalled (False)."""
         interval = self._config.monitor_interval
         while not self._signals.stop.is_set():
-            exited = [worker for worker in workers if worker.seen_exited()]
+            exited = _poll(workers)
             if any(worker.process.returncode != 0 for worker in exited):
                 await self._grace(workers, interval)
                 return True
@@ -347,7 +354,7 @@ class Supervisor:
     async def _grace(self, workers: list[_Worker], interval: float) -> None:
         """Lets the other workers exit on their own for up to ``FAILURE_GRACE`` seconds."""
         deadline = time.monotonic() + FAILURE_GRACE
-        while not all(worker.seen_exited() for worker in workers) and not self._signals.stop.is_set():
+        while len(_poll(workers)) < len(workers) and not self._signals.stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -359,7 +366,8 @@ class Supervisor:
 
     async def _stop(self, workers: list[_Worker], signum: int) -> None:
         """Signals live workers, escalates to SIGKILL, reaps stray children, drains the pipes."""
-        alive = [worker for worker in workers if not worker.seen_exited()]
+        exited = _poll(workers)
+        alive = [worker for worker in workers if worker not in exited]
         for worker in alive:
             worker.stopped_by = signum
             _killpg(worker.process.pid, signum)
@@ -384,8 +392,7 @@ class Supervisor:
                 )
                 _killpg(worker.process.pid, signal.SIGKILL)
         await exited
-        for worker in alive:
-            worker.seen_exited()
+        _poll(alive)
 
     async def _drain(self, workers: list[_Worker]) -> None:
         pumps = [task for worker in workers for task in worker.pumps]

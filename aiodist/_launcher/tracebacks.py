@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["blamed_rank", "compress_frames", "error_line"]
+__all__ = ["blamed_rank", "compress_frames", "error_line", "named_ranks"]
 
 _FRAME = re.compile(r'^(?P<indent>\s*)File "(?P<path>[^"]+)", line \d+')
 _TRACEBACK = "Traceback (most recent call last):"
@@ -90,6 +90,21 @@ def error_line(lines: Sequence[str]) -> str | None:
     return None
 
 
+def named_ranks(text: str, *, own_rank: int) -> list[int]:
+    """The ranks other than ``own_rank`` that ``text`` names, in the order it first names them.
+
+    aiodist's errors about a failure elsewhere name the rank they report first, then give that
+    rank's own account: "rank 2 abandoned all_reduce #1: rank 1 closed its connection" names
+    rank 2, then the rank whose loss made rank 2 give up.
+    """
+    ranks: list[int] = []
+    for group in _RANKS.findall(text):
+        for number in map(int, re.findall(r"\d+", group)):
+            if number != own_rank and number not in ranks:
+                ranks.append(number)
+    return ranks
+
+
 def blamed_rank(text: str, *, own_rank: int) -> int | None:
     """The first rank other than ``own_rank`` that ``text`` names ("rank 2", "ranks 1 and 3"), or None.
 
@@ -97,8 +112,5 @@ def blamed_rank(text: str, *, own_rank: int) -> int | None:
     abandoned all_reduce #1: ...", "rank 1 closed its connection", "rank 0 expected all_reduce
     (float32 x 10) but rank 1 sent ...".
     """
-    for group in _RANKS.findall(text):
-        for number in re.findall(r"\d+", group):
-            if int(number) != own_rank:
-                return int(number)
-    return None
+    ranks = named_ranks(text, own_rank=own_rank)
+    return ranks[0] if ranks else None

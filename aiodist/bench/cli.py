@@ -8,7 +8,7 @@ Usage::
     aiodist-bench --compare gloo,mpi --aiodist-transports tcp,shm --memory --targets
     aiodist-bench -np 2 --faces async --ops all_reduce -b 1K -e 16M -f 2
     aiodist-bench --from-json out.json --plot out.png   # re-render saved results
-    aiodist-run --nnodes 2 --node-rank K --master-addr A --nproc-per-node 2 aiodist-bench --compare gloo
+    aiodist-run --nnodes 2 --node-rank K --master-addr A --no-python aiodist-bench --compare gloo
     mpirun --host A:2,B:2 -n 4 aiodist-bench --compare gloo,mpi   # across hosts: launched mode
 
 Spawn mode: each job (one world size, one face) runs its ranks as processes on loopback. With
@@ -215,7 +215,7 @@ two ways to run:
 
   on each of 2 hosts (node 0's address A; the same AIODIST_SECRET exported on both):
     aiodist-run --nnodes 2 --node-rank K --master-addr A --master-port 29500 \\
-        --nproc-per-node 2 aiodist-bench --compare gloo --json out.json
+        --nproc-per-node 2 --no-python aiodist-bench --compare gloo --json out.json
   or from one host, with MPI beside aiodist and gloo (rank 0 sends the rendezvous over MPI):
     mpirun --host A:2,B:2 -n 4 aiodist-bench --compare gloo,mpi --json out.json
   or torchrun --nnodes 2 --node-rank K --master-addr A --nproc-per-node 2 -m aiodist.bench ...

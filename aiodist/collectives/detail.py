@@ -19,6 +19,7 @@ from typing import Any
 
 from aiodist.collectives.context import OpContext
 from aiodist.errors import CollectiveMismatchError, DistTimeoutError, name_ranks
+from aiodist.runtime.origin import OriginBook
 from aiodist.transport.base import CTRL, describe_fingerprint
 from aiodist.wire.detail import SLOT, decode_slot, encode_slot
 from aiodist.wire.fingerprint import ORDER_HINT, Fingerprint, describe_all
@@ -37,6 +38,19 @@ def _read(slot: bytearray) -> Fingerprint:
         return decode_slot(slot)
     except ProtocolError:  # a peer of another version: show what it sent rather than crash
         return ["<undecodable fingerprint>"]
+
+
+def _agree(
+    table: dict[int, Fingerprint], seen: dict[int, list[int]], me: int, book: OriginBook | None
+) -> bool:
+    """Every member called the same collective: equal fingerprints, or fingerprints that differ
+    only in origins the group's book finds no race in (``OriginBook.clash_in``)."""
+    mine = table[me]
+    if all(fp == mine for fp in table.values()):
+        return True
+    if book is None or any(len(fp) != 7 or fp[:6] != mine[:6] for fp in table.values()):
+        return False
+    return not book.clash_in({g: (str(fp[6]), seen[g]) for g, fp in table.items()}, me)
 
 
 async def check_fingerprints(
@@ -65,7 +79,9 @@ async def _check(ctx: OpContext, timeout: float | None, what: str) -> None:
         return
     key = (ctx.key[0], CTRL, ctx.key[2])
     transport = ctx.transport
-    mine = encode_slot(ctx.fp)
+    book = transport.mailbox.origin_books.get(ctx.key[0])
+    # (with the origins the group has seen here: every member then judges origins alike)
+    mine = encode_slot([*(ctx.fp or []), book.hashes() if book is not None else []])
     bufs = {p: bytearray(SLOT) for p in range(n) if p != r}
     recvs = {p: transport.recv(ctx.ranks[p], key, memoryview(b)) for p, b in bufs.items()}
     sends = [transport.send(ctx.ranks[p], key, mine) for p in bufs]
@@ -88,9 +104,13 @@ async def _check(ctx: OpContext, timeout: float | None, what: str) -> None:
     for s in sends:
         await s
     table = {ctx.ranks[r]: list(ctx.fp or [])}
+    seen: dict[int, list[int]] = {ctx.ranks[r]: book.hashes() if book is not None else []}
     for p, b in bufs.items():
-        table[ctx.ranks[p]] = _read(b)
-    if all(fp == table[ctx.ranks[r]] for fp in table.values()):
+        slot = _read(b)
+        table[ctx.ranks[p]] = slot[:7]
+        hashes = slot[7] if len(slot) > 7 and isinstance(slot[7], list) else []
+        seen[ctx.ranks[p]] = [h for h in hashes if isinstance(h, int)]
+    if _agree(table, seen, ctx.ranks[r], book):
         return
     ranks = sorted(table)
     texts, only_origin = describe_all([table[g] for g in ranks])

@@ -85,6 +85,7 @@ class World:
     # On a program's own loop: the task that leaves the job in order when asyncio.run winds
     # the loop up (see _leave_when_the_loop_ends).
     guardian: asyncio.Task[None] | None = None
+    task_check: str = "auto"  # AIODIST_TASK_CHECK: the groups' default (runtime.origin.OriginBook)
 
 
 _world: World | None = None
@@ -115,7 +116,7 @@ async def init_process_group(
     Args:
         backend: "tcp" (default; "gloo" is an alias: aiodist's transport, which stages CUDA
             tensors through host memory), "nccl" (torch's NCCL engine) or "torch-gloo" (torch's
-            gloo engine); see README "CUDA tensors and NCCL".
+            gloo engine); see docs/torch.md, "CUDA tensors and NCCL".
         init_method: None / "env://", "tcp://host:port", "tcp://<multicast group>:port", "file:///path".
         rank: this process's rank; -1 takes it from the environment or assigns one.
         world_size: number of processes; -1 takes it from the environment.
@@ -144,6 +145,10 @@ async def init_process_group(
     seconds = as_seconds(timeout)
     loop = asyncio.get_running_loop()
     _origin.install(loop)  # collectives carry the name of the task that started them
+    try:
+        task_check = _origin.task_check_from_env()
+    except ValueError as exc:
+        raise DistValueError(str(exc)) from None
     _busy_poll.for_loop(loop)  # reads AIODIST_BUSY_POLL_US: a bad value fails here, before any rendezvous
     shm_mode_from_env()  # AIODIST_SHM too
     deadline = loop.time() + seconds
@@ -192,8 +197,10 @@ async def init_process_group(
         backend=label,
         name="default group",
         runs_on=runs_on,
+        task_check=task_check,
     )
     w = World(group, transport, rdv.store, rdv.owns_store, label, loop, [group], staged=staged)
+    w.task_check = task_check
     w.engine, w.job_store, w.host, w.device = engine, job_store, host, device
     try:
         await _connect(group)
@@ -401,7 +408,23 @@ def resolve_group(group: Any) -> ProcessGroup:
         return world().default_group
     if isinstance(group, ProcessGroup):
         return group
+    inner = _aiodist_group_of(group)
+    if inner is not None:
+        return inner
     raise DistTypeError(f"group must be a ProcessGroup or None, not {type(group).__name__}")
+
+
+def _aiodist_group_of(group: Any) -> ProcessGroup | None:
+    """The aiodist group under a group torch made on the backend "aiodist" in this job (torch's
+    new_group in a program that uses ``aiodist.sync``): the backend's group object itself, or
+    torch's ProcessGroup around it (found by its torch name)."""
+    inner = getattr(group, "aiodist_group", None)
+    if isinstance(inner, ProcessGroup):
+        return inner
+    name = getattr(group, "group_name", None)
+    if _world is None or not isinstance(name, str):
+        return None
+    return _world.transport.torch_groups.get(name)
 
 
 class _WorldSentinel:
@@ -444,6 +467,7 @@ async def new_group(
     *,
     sort_ranks: bool = True,
     use_local_synchronization: bool = False,
+    task_check: str | None = None,
     **_: Any,
 ) -> ProcessGroup:
     """Create a group of ``ranks`` (global ranks; None = all). Every rank of the job calls it, in order.
@@ -460,8 +484,16 @@ async def new_group(
             skip it (or call it, as a no-op returning their non-member handle). The group's id is
             then derived from its member list and how many such groups these members created, not
             from the job-wide creation count, so skipping it leaves later groups in step.
+        task_check: when collectives paired across ranks that different tasks (or threads)
+            started are a ``CollectiveMismatchError`` (docs/guide.md, "Collectives from several
+            tasks"): "auto" (default: ``AIODIST_TASK_CHECK``, else "auto") where the names show a
+            race, "strict" whenever the names differ, "off" never (torch's way: matched by call
+            order alone). Give the same on every rank.
     """
     w = world()
+    check = w.task_check if task_check is None else task_check
+    if check not in _origin.TASK_CHECKS:
+        raise DistValueError(f"new_group: task_check must be one of 'auto', 'strict', 'off', got {check!r}")
     size = w.default_group.size
     if ranks is None:
         members = list(range(size))
@@ -499,7 +531,9 @@ async def new_group(
     t = w.default_group.timeout if timeout is None else as_seconds(timeout)
     assert w.job_store is not None
     runs_on = _backend_for(engine, w.staged, w.job_store, gid, w.host, w.device)
-    group = ProcessGroup(w.transport, members, gid, timeout=t, backend=engine or "tcp", runs_on=runs_on)
+    group = ProcessGroup(
+        w.transport, members, gid, timeout=t, backend=engine or "tcp", runs_on=runs_on, task_check=check
+    )
     await _connect(group)
     w.groups.append(group)
     return group

@@ -19,10 +19,19 @@ task (in a plain callback) are counted under ``loop``.
 
 Threads are told apart by the names their programs give them: the main thread, aiodist's own
 threads (``aiodist-...``) and threads with the names Python or a C library gives
-(``Thread-3 (worker)``, ``Dummy-1``) are one anonymous origin, because libraries choose them as
-they please (torch's DDP starts a bucket's all_reduce from the thread that completed the
-previous one's future, which differs from rank to rank, in the same order) and the numbers in
-such names count every thread the process started.
+(``Thread-3 (worker)``, ``Dummy-1``, an executor's ``ThreadPoolExecutor-0_1``, ``asyncio_0``)
+are one anonymous origin, because libraries choose them as they please (torch's DDP starts a
+bucket's all_reduce from the thread that completed the previous one's future, which differs
+from rank to rank, in the same order) and the numbers in such names count every thread (or
+executor) the process started.
+
+Ranks may also run different code on purpose (a learner publishing to actors, a thread named
+after its rank), where names differ with no race at all. So differing origins are a mismatch
+only where they show a race (``OriginBook.clash``, the group's ``task_check``): under "auto"
+(the default), when the sender's task or thread has itself started collectives on the group on
+the receiving rank, when the two are tasks of one coroutine started by one parent (siblings:
+``main/worker[0]`` and ``main/worker[1]``), or threads whose names differ only in their numbers
+of which the other one runs here too; "strict" compares every name, "off" none (torch's way).
 """
 
 from __future__ import annotations
@@ -33,10 +42,21 @@ import hashlib
 import os
 import re
 import threading
-from collections.abc import Coroutine, Generator
+import zlib
+from collections.abc import Collection, Coroutine, Generator
 from typing import Any
 
-__all__ = ["MAX_NAME", "Lineage", "current", "install", "mark_thread", "root_context"]
+__all__ = [
+    "MAX_NAME",
+    "TASK_CHECKS",
+    "Lineage",
+    "OriginBook",
+    "current",
+    "install",
+    "mark_thread",
+    "root_context",
+    "task_check_from_env",
+]
 
 MAX_NAME = 80
 """Longest origin name sent as is; a longer one keeps its last parts behind a hash of the whole."""
@@ -87,8 +107,11 @@ def _bounded(full: str) -> str:
 
 _LINEAGE: contextvars.ContextVar[Lineage | None] = contextvars.ContextVar("aiodist_origin", default=None)
 
-# Names that a program did not choose: the main thread's, aiodist's, Python's defaults, C threads'.
-_UNNAMED_THREAD = re.compile(r"MainThread|aiodist-.*|(Thread|Dummy)-\d+( \(.*\))?")
+# Names that a program did not choose: the main thread's, aiodist's, Python's defaults, C threads',
+# and the workers of executors (concurrent.futures' default names, asyncio's default executor).
+_UNNAMED_THREAD = re.compile(
+    r"MainThread|aiodist-.*|(Thread|Dummy)-\d+( \(.*\))?|ThreadPoolExecutor-\d+_\d+|asyncio_\d+"
+)
 
 
 def _coroutine_name(coro: Any) -> str:
@@ -184,3 +207,92 @@ def _adopt(loop: asyncio.AbstractEventLoop) -> Lineage | None:
     lineage = Lineage(None, _coroutine_name(creator.get_coro()))
     _LINEAGE.set(lineage)
     return lineage
+
+
+# -- when differing origins are a mismatch ------------------------------------------------------
+
+TASK_CHECKS = ("auto", "strict", "off")
+_BOOK_SIZE = 64  # origins remembered per group (the most recent)
+_SLOT_HASHES = 16  # of which a DETAIL slot carries this many
+_COUNTS = re.compile(r"\[\d+\]")
+_NUMBERS = re.compile(r"\d+")
+
+
+def task_check_from_env() -> str:
+    """``AIODIST_TASK_CHECK``: the default ``task_check`` of a job's groups ("auto")."""
+    raw = os.environ.get("AIODIST_TASK_CHECK", "").strip().lower() or "auto"
+    if raw not in TASK_CHECKS:
+        raise ValueError(f"AIODIST_TASK_CHECK must be one of {', '.join(TASK_CHECKS)}, got {raw!r}")
+    return raw
+
+
+def origin_hash(name: str) -> int:
+    """A name's 32-bit hash, equal on every rank (for DETAIL slots)."""
+    return zlib.crc32(name.encode())
+
+
+def _siblings(a: str, b: str) -> bool:
+    """Tasks of one coroutine started by one parent (``main/w[0]``, ``main/w[1]``), or threads
+    whose names differ only in their numbers (``worker-0``, ``worker-1``) of which ``b`` runs
+    here too: what a program that starts the same work several times names alike on every
+    rank. (A thread named after its rank has no namesake of another rank's here.)"""
+    if "…" in a or "…" in b:  # (cut names: their paths are not comparable)
+        return False
+    if a.startswith("thread ") and b.startswith("thread "):
+        if _NUMBERS.sub("#", a) != _NUMBERS.sub("#", b):
+            return False
+        name = b[len("thread ") :]
+        return any(t.name == name for t in threading.enumerate())
+    return "[" in a and _COUNTS.sub("[]", a) == _COUNTS.sub("[]", b)
+
+
+class OriginBook:
+    """The tasks and threads that started collectives on one group on this rank, and the rule
+    by which differing origins of paired operations are a mismatch (``task_check``)."""
+
+    __slots__ = ("check", "names")
+
+    def __init__(self, check: str = "auto") -> None:
+        if check not in TASK_CHECKS:
+            raise ValueError(f"task_check must be one of {', '.join(map(repr, TASK_CHECKS))}, got {check!r}")
+        self.check = check
+        self.names: dict[str, int] = {}  # name -> hash, in order of first use (bounded)
+
+    def note(self, origin: str) -> None:
+        """``origin`` starts a collective on the group here."""
+        names = self.names
+        if origin not in names:
+            names[origin] = origin_hash(origin)
+            if len(names) > _BOOK_SIZE:
+                del names[next(iter(names))]
+
+    def hashes(self) -> list[int]:
+        """The most recent origins' hashes, for a DETAIL slot."""
+        return list(self.names.values())[-_SLOT_HASHES:]
+
+    def clash(self, mine: str, theirs: str) -> bool:
+        """Whether an operation of ``mine`` here, paired with one of ``theirs`` on another rank,
+        shows tasks racing on the group (the data path: this rank's knowledge)."""
+        if mine == theirs or self.check == "off":
+            return False
+        return self.check == "strict" or theirs in self.names or _siblings(mine, theirs)
+
+    def clash_in(self, table: dict[int, tuple[str, Collection[int]]], me: int) -> bool:
+        """Whether the origins of one operation on every member (rank -> origin and the hashes of
+        the origins its group has seen, as a DETAIL slot carries them) show tasks racing. Every
+        member judges the same table alike (but for threads running here, ``_siblings``)."""
+        if self.check == "off":
+            return False
+        ranks = sorted(table)
+        for i, a in enumerate(ranks):
+            for b in ranks[i + 1 :]:
+                (oa, ha), (ob, hb) = table[a], table[b]
+                if oa == ob:
+                    continue
+                if self.check == "strict" or origin_hash(oa) in hb or origin_hash(ob) in ha:
+                    return True
+                if (a == me and _siblings(oa, ob)) or (b == me and _siblings(ob, oa)):
+                    return True
+                if not oa.startswith("thread ") and _siblings(oa, ob):
+                    return True  # (tasks: by their names alone, which every member sees)
+        return False

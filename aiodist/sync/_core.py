@@ -182,7 +182,7 @@ def is_xccl_available() -> bool:
 
 def is_backend_available(backend: str) -> bool:
     """True for the backend names this build runs: "gloo", "tcp", and where torch can run them,
-    "nccl" and "torch-gloo" (torch's own engines; see README "CUDA tensors and NCCL")."""
+    "nccl" and "torch-gloo" (torch's own engines; see docs/torch.md, "CUDA tensors and NCCL")."""
     name = Backend(backend)
     if name in (Backend.GLOO, Backend.TCP):
         return True
@@ -361,6 +361,8 @@ def new_group(
     group_desc: str | None = None,
     device_id: Any = None,
     sort_ranks: bool = True,
+    *,
+    task_check: str | None = None,
 ) -> Any:
     """Create a group of the global ``ranks`` (None: all). Every rank of the job calls it, in order.
 
@@ -369,6 +371,8 @@ def new_group(
             ``ranks`` is the group rank (every rank passes the same list), as torch.
         use_local_synchronization: only the members need to call it, as torch (the others may
             skip the call); aiodist's transport only.
+        task_check: "auto", "strict" or "off": when collectives that different threads started,
+            paired across ranks, are a mismatch (``aiodist.new_group``).
     Returns:
         The group; ``GroupMember.NON_GROUP_MEMBER`` on a rank outside it, as torch (operations
         called with it are skipped).
@@ -383,6 +387,7 @@ def new_group(
             None if backend is None else str(Backend(backend)),
             sort_ranks=sort_ranks,
             use_local_synchronization=use_local_synchronization,
+            task_check=task_check,
         )
     )
     return pg if pg.rank >= 0 else _NonMember(pg.ranks)

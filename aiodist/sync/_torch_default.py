@@ -6,7 +6,7 @@
   its init; one of numpy arrays does not pay for importing torch), and torch's own default
   group does not exist yet (a program that initialises torch.distributed itself keeps it);
 - ``1``: always (torch must be importable, and torch's default group must not exist yet);
-- ``0``: never (torch's helpers then see no default group: see the README's sync face section).
+- ``0``: never (torch's helpers then see no default group: see docs/torch.md, "Drop-in for torch.distributed").
 
 How it is done: ``aiodist.torch._default_group``.
 """

@@ -30,6 +30,7 @@ from aiodist.errors import DistError
 from aiodist.group import ProcessGroup
 from aiodist.rendezvous import local_address_towards, torchelastic
 from aiodist.runtime.loop_thread import LoopThread, get_loop_thread
+from aiodist.runtime.origin import task_check_from_env
 from aiodist.store import PrefixStore
 from aiodist.store.c10d import TorchStore
 from aiodist.torch._adapter import Adapter
@@ -269,9 +270,17 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
         label = "default group" if is_default else f"group {name}"
         staged = StagedBackend(NATIVE, mesh.stager)
         g = ProcessGroup(
-            mesh.transport, ranks, gid, timeout=seconds, backend=BACKEND_NAME, name=label, runs_on=staged
+            mesh.transport,
+            ranks,
+            gid,
+            timeout=seconds,
+            backend=BACKEND_NAME,
+            name=label,
+            runs_on=staged,
+            task_check=task_check_from_env(),
         )
         mesh.groups.append(g)
+        mesh.transport.torch_groups[name] = g
         return g
 
     group = lt.call(make_group)
@@ -286,6 +295,8 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
 
         def drop() -> None:
             group.abort("the process group was destroyed")
+            if mesh.transport.torch_groups.get(name) is group:
+                del mesh.transport.torch_groups[name]
             if group in mesh.groups:
                 mesh.groups.remove(group)
 

@@ -168,6 +168,11 @@ class PythonProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
             raise _error(*refusal)
         return work
 
+    @property
+    def aiodist_group(self) -> Any:
+        """The aiodist group it runs on: what ``aiodist.sync`` uses when given this one."""
+        return self._adapter.group
+
     def getBackendName(self) -> str:
         return "aiodist"
 

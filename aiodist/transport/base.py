@@ -25,8 +25,10 @@ import sys
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from aiodist.errors import CollectiveMismatchError, DistError, DistNetworkError, GroupOutOfStepError
+from aiodist.runtime.origin import OriginBook
 from aiodist.wire.control import Control, Goodbye
 from aiodist.wire.fingerprint import ORDER_HINT, Fingerprint, OpFingerprint, describe_all
 from aiodist.wire.messages import Key
@@ -207,6 +209,9 @@ class Mailbox:
         # Per group id: messages of its collectives (and their checks) numbered below this are
         # stale (a resync moved every rank past them) and are discarded.
         self._floors: dict[int, int] = {}
+        # Per group id: the tasks that started its collectives here, and when differing origins
+        # of paired operations are a mismatch (the group's; shared with the transport).
+        self.origin_books: dict[int, OriginBook] = {}
 
     # -- receiving side: posting ---------------------------------------------------------
     def post(
@@ -241,6 +246,41 @@ class Mailbox:
         if self.on_post is not None:
             self.on_post()
         return fut
+
+    def repost(self, recv: PendingRecv) -> None:
+        """``recv`` was matched to a message its sender then withdrew (the send failed): it
+        waits again, first in line (before the receives posted after it), or takes a message
+        held meanwhile."""
+        fut = recv.future
+        if fut.done() or recv.key in self._abandoned:
+            return
+        if recv.key in self._failed_keys:
+            _fail_future(fut, self._failed_keys[recv.key])
+            return
+        held_src = self._find_held(recv.src, recv.key)
+        if held_src is not None:
+            by_src = self._held[recv.key]
+            held = by_src[held_src].popleft()
+            if not by_src[held_src]:
+                del by_src[held_src]
+                if not by_src:
+                    del self._held[recv.key]
+            self.unexpected_bytes -= held.payload.nbytes
+            if self.on_drain is not None:
+                self.on_drain()
+            self._deliver_held(held_src, recv.key, held, recv.buf, recv.fp, fut)
+            return
+        if recv.src is not None and recv.src in self._dead:
+            _fail_future(fut, self._dead[recv.src])
+            return
+        if recv.src is None:
+            q = self._posted_any.setdefault(recv.key, deque())
+        else:
+            q = self._posted.setdefault((recv.src, recv.key), deque())
+        at = next((i for i, other in enumerate(q) if other.order > recv.order), len(q))
+        q.insert(at, recv)
+        if self.on_post is not None:
+            self.on_post()
 
     def cancel(self, fut: asyncio.Future[int]) -> None:
         """Withdraw a posted receive that has not been matched yet (timeout, cancellation)."""
@@ -364,7 +404,12 @@ class Mailbox:
         nbytes: int,
         bufbytes: int,
     ) -> DistError | None:
-        if want_fp is not None and sent_fp is not None and list(sent_fp) != list(want_fp):
+        if (
+            want_fp is not None
+            and sent_fp is not None
+            and list(sent_fp) != list(want_fp)
+            and self._differ(key, sent_fp, want_fp)
+        ):
             if self.on_mismatch is not None:
                 self.on_mismatch(src, key, sent_fp, want_fp)
             return CollectiveMismatchError(describe_disagreement(self.rank, want_fp, src, sent_fp))
@@ -374,6 +419,14 @@ class Mailbox:
                 f"rank {src} sent {nbytes} bytes for {what} but rank {self.rank} posted a buffer of {bufbytes} bytes"
             )
         return None
+
+    def _differ(self, key: Key, sent: Fingerprint, want: Fingerprint) -> bool:
+        """Unequal fingerprints disagree, unless only their origins differ and the group's book
+        finds no race in that (``OriginBook.clash``: e.g. ranks running different code)."""
+        if len(sent) != 7 or len(want) != 7 or list(sent[:6]) != list(want[:6]):
+            return True
+        book = self.origin_books.get(key[0])
+        return book is None or book.clash(str(want[6]), str(sent[6]))
 
     # -- failures and abandonment ------------------------------------------------------
     def abandon(self, key: Key) -> None:
@@ -476,6 +529,7 @@ class Transport(ABC):
         self.mailbox = Mailbox(rank, loop, on_mismatch=self._report_mismatch)
         self.mailbox.on_late = self._late_message
         self._peer_lost_listeners: list[PeerLostListener] = []
+        self._peer_gone_listeners: list[PeerLostListener] = []
         self._key_failed_listeners: list[KeyFailedListener] = []
         self._send_refused_listeners: list[SendRefusedListener] = []
         self.dead_peers: dict[int, DistNetworkError] = {}
@@ -500,6 +554,9 @@ class Transport(ABC):
         self.shm_local: tuple[bool, ...] | None = None
         # AIODIST_HOST_ALGOS as the job agreed on it ("auto", "flat", "direct").
         self.host_algos = "auto"
+        # Groups that torch created on the backend "aiodist" over this transport, by torch's
+        # name for them (so that aiodist.sync, given torch's group, finds aiodist's).
+        self.torch_groups: dict[str, Any] = {}
 
     # -- the data path -----------------------------------------------------------------
     @abstractmethod
@@ -513,9 +570,22 @@ class Transport(ABC):
         return self.mailbox.post(src, key, buf, fp)
 
     def cancel_recv(self, fut: asyncio.Future[int]) -> None:
+        """Withdraw the receive ``fut`` (its timeout, a cancellation): nothing is written into
+        its buffer from now on; a message that was arriving for it goes to the next receive."""
         self.mailbox.cancel(fut)
 
+    def cancel_send(self, dst: int, fut: asyncio.Future[None]) -> bool:
+        """Withdraw the pending send ``fut`` to ``dst`` (its timeout, a cancellation).
+
+        Returns:
+            True: nothing of the message will be delivered (the caller fails ``fut``); False:
+            too late, the message is delivered or is the socket's, whole (``fut`` completes).
+        """
+        return False
+
     def abandon(self, key: Key) -> None:
+        """The operation ``key`` failed or timed out here: its messages still arriving are
+        dropped, and its own still pending sends withdrawn (nothing of them is delivered)."""
         self.mailbox.abandon(key)
 
     # -- failure reporting -------------------------------------------------------------
@@ -525,6 +595,15 @@ class Transport(ABC):
     def remove_peer_lost_listener(self, cb: PeerLostListener) -> None:
         if cb in self._peer_lost_listeners:
             self._peer_lost_listeners.remove(cb)
+
+    def add_peer_gone_listener(self, cb: PeerLostListener) -> None:
+        """``cb(peer, error)`` when a peer is gone, lost or left in order, before the receives
+        waiting on it fail (so that an operation can fail first, naming itself)."""
+        self._peer_gone_listeners.append(cb)
+
+    def remove_peer_gone_listener(self, cb: PeerLostListener) -> None:
+        if cb in self._peer_gone_listeners:
+            self._peer_gone_listeners.remove(cb)
 
     def add_key_failed_listener(self, cb: KeyFailedListener) -> None:
         self._key_failed_listeners.append(cb)
@@ -592,6 +671,8 @@ class Transport(ABC):
         if self.first_loss is None:
             self.first_loss = exc
         self.dead_peers[peer] = exc
+        for cb in list(self._peer_gone_listeners):
+            cb(peer, exc)
         self.mailbox.fail_peer(peer, exc)
         for cb in list(self._peer_lost_listeners):
             cb(peer, exc)
@@ -602,6 +683,8 @@ class Transport(ABC):
             return
         exc = self._with_first_loss(exc)
         self.dead_peers[peer] = exc
+        for cb in list(self._peer_gone_listeners):
+            cb(peer, exc)
         self.mailbox.fail_peer(peer, exc)
 
     def finish_collective(self, key: Key) -> tuple[int, Fingerprint | None] | None:

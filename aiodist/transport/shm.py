@@ -22,6 +22,14 @@ Messages are records of the ring, matched by the transport's ``Mailbox`` exactly
   time with a turn of the loop between) and counts it done in the writer's segment, which is
   when the writer's send completes (its buffer stays untouched until then).
 
+A send that fails (a timeout, an abandoned collective) leaves nothing that could be delivered:
+its records not yet written are taken out of the writer's queue; a message half written in
+pieces ends with a ``DROP`` record instead of its last pieces; a descriptor is withdrawn by the
+handshake described in ``shm_segment`` (the reader drops it unless it had claimed it first, and
+then the send completes). A receive abandoned while its message arrives in pieces or by a
+single-copy read gets none of the rest: an abandoned collective's is dropped, a point-to-point
+message is held for the next receive. A dropped message's receive waits for the next one.
+
 Doorbells: a writer sends a ``ShmBell`` on TCP after writing unless the reader's loop polls
 (its flag in its own segment, set while ``aiodist.runtime.busy_poll`` keeps the loop spinning).
 A skipped doorbell is checked again after ``RECHECK`` seconds: the reader may have stopped
@@ -45,21 +53,27 @@ from aiodist.errors import DistNetworkError, DistValueError
 from aiodist.runtime import host as _host
 from aiodist.transport.base import DISCARD, Fingerprint, Key, Mailbox, PendingRecv
 from aiodist.transport.shm_segment import (
+    DESC_SLOTS,
     ECHO,
     SKIP_BELLS,
+    TSO,
     W_ACKED,
     W_BLOCKED,
     W_POLLING,
     W_SEEN,
+    W_VERDICT,
+    W_WITHDRAWN,
     Ring,
     Segment,
     address_of,
     cma_read,
+    fence,
 )
 from aiodist.wire.frames import DEFAULT_LIMITS, ProtocolError, decode_header
 from aiodist.wire.shm import (
     DATA,
     DESC,
+    DROP,
     MORE,
     PART,
     ShmAccept,
@@ -92,6 +106,7 @@ PIECE = 1024 * 1024
 HOLD_AT_ONCE = 64 * 1024
 CMA_CHUNK = 8 * 1024 * 1024  # a single-copy read turns the loop over after each chunk
 RECHECK = 0.001  # seconds before a skipped doorbell is looked at again
+VERDICT_POLL = 0.0005  # seconds between looks for the writer's verdict on a withdrawn descriptor
 ROOM_RETRY = 0.0005  # seconds between looks for room in a full ring (also nudged by doorbells)
 SETUP_TIMEOUT = 5.0
 
@@ -121,9 +136,9 @@ def job_token(job: str) -> str:
 
 
 class _Send:
-    """A message not yet (wholly) in the ring, or a descriptor awaiting the reader's completion."""
+    """A message not yet (wholly) in the ring, or a descriptor awaiting the reader's claim."""
 
-    __slots__ = ("fp", "future", "key", "kind", "offset", "payload")
+    __slots__ = ("desc", "fp", "future", "key", "kind", "offset", "payload", "withdrawn")
 
     def __init__(
         self, kind: int, key: Key, fp: Fingerprint | None, payload: memoryview, future: asyncio.Future[None]
@@ -134,6 +149,8 @@ class _Send:
         self.payload = payload
         self.offset = 0
         self.future = future
+        self.desc = -1  # a descriptor's number on its ring
+        self.withdrawn = False  # (a descriptor taken back: its claim, if one comes, is ignored)
 
 
 class _Part:
@@ -177,6 +194,7 @@ class _Link:
         self.backlog: deque[_Send] = deque()
         self.unacked: deque[_Send] = deque()
         self.acks_seen = 0
+        self.descs_written = 0  # descriptors written into ``out`` (the next one's number)
         self.room_timer: asyncio.TimerHandle | None = None
         self.blocked_at = 0  # how far the reader had freed the ring when a write found no room
         self.recheck_timer: asyncio.TimerHandle | None = None
@@ -184,6 +202,11 @@ class _Link:
         self.busy = False  # a single-copy read is under way (records behind it wait)
         self.reader: asyncio.Task[None] | None = None
         self.read_recv: PendingRecv | None = None  # the receive a single-copy read fills
+        self.read_dst: memoryview | None = None  # where it copies to (moved when the receive is withdrawn)
+        self.read_held = False  # read_dst is a held buffer (counted under the unexpected cap)
+        self.read_key: Key = (0, 0, 0)
+        self.read_dropped = False  # its operation was abandoned: stop, drop what was read
+        self.descs_read = 0  # descriptors taken from ``inp`` (the next one's number)
         self.part: _Part | None = None
         self.park_timer: asyncio.TimerHandle | None = None
         self.park_expired = False
@@ -235,10 +258,17 @@ class _Link:
                 paths.bytes_sent += s.payload.nbytes
                 _resolve(s.future)
             elif s.kind == DESC:
+                if len(self.unacked) >= DESC_SLOTS:
+                    break  # (its withdrawal slot is still in use: wait for a claim)
                 desc = [DESC, *s.key, s.fp, s.payload.nbytes, paths.pid, address_of(s.payload)]
                 if not out.try_write(paths.packb(desc), _EMPTY):
                     break
+                s.desc = self.descs_written
+                self.descs_written += 1
                 self.unacked.append(s)
+            elif s.kind == DROP:
+                if not out.try_write(_DROP_HEADER, _EMPTY):
+                    break
             else:  # PART then MOREs
                 total = s.payload.nbytes
                 while s.offset < total:
@@ -281,9 +311,60 @@ class _Link:
         while self.acks_seen < acked and self.unacked:
             s = self.unacked.popleft()
             self.acks_seen += 1
-            self.paths.bytes_sent += s.payload.nbytes
-            _resolve(s.future)
+            if not s.withdrawn:
+                self.paths.bytes_sent += s.payload.nbytes
+                _resolve(s.future)
         out.words[W_SEEN] = self.acks_seen  # (the reader's second look asks whether we saw them)
+        if self.backlog and len(self.unacked) < DESC_SLOTS:
+            self.flush()  # (descriptors that waited for a free slot)
+
+    # -- taking messages back --------------------------------------------------------------
+    def withdraw(self, fut: asyncio.Future[None]) -> bool:
+        """Take back the message whose send is ``fut``: True if nothing of it will be delivered
+        (the caller fails ``fut``); False if it is delivered or whole in the ring (``fut`` is done)."""
+        for s in self.backlog:
+            if s.future is fut:
+                self._unqueue(s)
+                return True
+        for s in self.unacked:
+            if s.future is fut:
+                return self._take_back(s)
+        return False
+
+    def withdraw_key(self, key: Key) -> None:
+        """Take back every message of the operation ``key`` that is not the reader's yet (their
+        sends stay pending: the operation awaiting them is being failed with its own error)."""
+        for s in [s for s in self.backlog if s.key == key]:
+            self._unqueue(s)
+        for s in self.unacked:
+            if s.key == key:
+                self._take_back(s)
+
+    def _unqueue(self, s: _Send) -> None:
+        if s.kind == PART and s.offset > 0:
+            # Pieces of it are in the ring: end the message there, withdrawn.
+            self.backlog[self.backlog.index(s)] = _Send(DROP, s.key, None, _EMPTY, self.paths.done)
+            self.flush()
+        else:
+            self.backlog.remove(s)
+
+    def _take_back(self, s: _Send) -> bool:
+        """Withdraw the descriptor ``s`` unless the reader has claimed it (see ``shm_segment``):
+        True if withdrawn; False if claimed, and then its send completes now."""
+        out = self.out
+        if out is None or s.withdrawn:
+            return s.withdrawn
+        d, slot = s.desc, s.desc % DESC_SLOTS
+        out.words[W_WITHDRAWN + slot] = d + 1
+        fence()
+        claimed = int(out.words[W_ACKED]) > d
+        out.words[W_VERDICT + slot] = 2 * (d + 1) + claimed
+        if claimed:
+            _resolve(s.future)
+            return False
+        s.withdrawn = True
+        self.wake_peer()  # (a reader waiting for the verdict looks again)
+        return True
 
     def peer_polls(self) -> bool:
         """The peer's loop is polling now (its flag in the segment it writes)."""
@@ -349,6 +430,9 @@ class _Link:
         mailbox = paths.mailbox
         if rh.kind == MORE:
             return self._piece(payload)
+        if rh.kind == DROP:
+            self._dropped_part()
+            return True
         key, fp, n = rh.key, rh.fp, rh.nbytes
         if paths.closing():  # we said goodbye: nothing that arrives matters now
             if rh.kind == PART:  # (its pieces follow: drop them too)
@@ -397,11 +481,12 @@ class _Link:
             self._start_read(rh.pid, rh.addr, target.buf, target, key, fp)
             return True
         if target is DISCARD:
-            self._ack()
+            self.descs_read += 1
+            self._ack()  # (claimed unread: the writer's send completes, as a socket's would)
             return True
         if self._park(n):
             return False
-        if not paths.room_for(n):
+        if not self._room_for(n):
             return self._no_room(n)
         paths.reserve(n)
         self._start_read(rh.pid, rh.addr, memoryview(bytearray(n)), None, key, fp)
@@ -445,6 +530,18 @@ class _Link:
                 self._finish(part.key, part.fp, part.buf, part.recv, part.held)
         return True
 
+    def _dropped_part(self) -> None:
+        """The writer took back the message arriving in pieces (its send failed): drop it; its
+        receive waits for the next message."""
+        part = self.part
+        if part is None:
+            raise ProtocolError(f"rank {self.peer} withdrew a message in pieces it never started")
+        self.part = None
+        if part.recv is not None:
+            self.paths.mailbox.repost(part.recv)
+        elif part.held and part.buf is not None:
+            self.paths.unreserve(part.total)
+
     def _finish(
         self, key: Key, fp: Fingerprint | None, buf: memoryview, recv: PendingRecv | None, held: bool
     ) -> None:
@@ -471,19 +568,48 @@ class _Link:
     ) -> None:
         self.busy = True
         self.read_recv = recv
-        self.reader = self.paths.loop.create_task(self._read(pid, addr, dst, recv, key, fp))
+        self.read_dst = dst
+        self.read_held = recv is None  # (reserved under the cap)
+        self.read_key = key
+        self.read_dropped = False
+        d = self.descs_read
+        self.descs_read += 1
+        self.reader = self.paths.loop.create_task(self._read(pid, addr, d, fp))
 
-    async def _read(
-        self, pid: int, addr: int, dst: memoryview, recv: PendingRecv | None, key: Key, fp: Fingerprint | None
-    ) -> None:
-        n = dst.nbytes
+    async def _read(self, pid: int, addr: int, d: int, fp: Fingerprint | None) -> None:
+        """Copy descriptor ``d``'s bytes, ``CMA_CHUNK`` at a time, into ``read_dst`` (the receive's
+        buffer, or a held one: it may change between chunks, see ``release_receive``), then
+        claim it: the message is delivered unless the writer took it back."""
         paths = self.paths
+        inp = self.inp
+        assert inp is not None and self.read_dst is not None  # (set with the task, kept until it ends)
+        n = self.read_dst.nbytes
+        withdrawn = W_WITHDRAWN + d % DESC_SLOTS
         try:
             for start in range(0, n, CMA_CHUNK):
+                if self.read_dropped or int(inp.words[withdrawn]) == d + 1:
+                    break  # nobody wants the rest: the operation was abandoned here, or the send
                 end = min(n, start + CMA_CHUNK)
-                cma_read(pid, addr + start, dst[start:end])
+                cma_read(pid, addr + start, self.read_dst[start:end])
                 if end < n:
                     await asyncio.sleep(0)  # keep the loop responsive during a big read
+            else:
+                if not self.read_dropped:
+                    # Claim it, then look whether the writer took it back (the handshake of
+                    # shm_segment): with no withdrawal seen, it is ours.
+                    self._ack()
+                    fence()
+                    if int(inp.words[withdrawn]) != d + 1 or await self._verdict(d):
+                        self._delivered(fp)
+                        return
+                    self._undelivered()
+                    return
+            if not self.read_dropped:
+                # Taken back before we were done: no claim until its verdict, which then says
+                # "withdrawn" (there was no claim); the claim frees its slot.
+                await self._verdict(d)
+            self._ack()  # (an abandoned operation's: claimed unread, as a socket would take it)
+            self._undelivered()
         except OSError as exc:
             if exc.errno == errno.ESRCH:  # the same fault as a connection lost mid-frame: say it alike
                 what = (
@@ -493,27 +619,94 @@ class _Link:
             else:
                 what = f"rank {paths.rank} could not read rank {self.peer}'s message from its memory ({exc.strerror})"
             err = DistNetworkError(what)
-            if recv is not None and not recv.future.done():
-                recv.future.set_exception(err)
-                recv.future.exception()
-            if recv is None:
-                paths.unreserve(n)
-            self.busy = False
+            if self.read_recv is not None:
+                _fail(self.read_recv.future, err)
+            self._end_read(delivered=False)
             paths.broken_link(self.peer, str(err))
-            return
         except asyncio.CancelledError:
-            if recv is None:
-                paths.unreserve(n)
-            self.busy = False
+            self._end_read(delivered=False)
             raise
-        paths.bytes_received += n
-        paths.moved += 1
-        self._ack()
+        except Exception as exc:  # a bug of ours must not leave the ring waiting on this read
+            log.exception("aiodist: rank %d: internal error reading rank %d's message", paths.rank, self.peer)
+            if self.read_recv is not None:
+                _fail(
+                    self.read_recv.future,
+                    DistNetworkError(f"internal error reading from rank {self.peer}: {exc!r}"),
+                )
+            self._end_read(delivered=False)
+            paths.broken_link(self.peer, f"internal error while reading its message: {exc!r}")
+
+    async def _verdict(self, d: int) -> bool:
+        """The writer's verdict on descriptor ``d``, which it took back: True if it saw our claim
+        first (the message is ours), False if withdrawn. It writes the verdict right after the
+        withdrawal; until then, look again now and then."""
+        slot = W_VERDICT + d % DESC_SLOTS
+        while (inp := self.inp) is not None:
+            v = int(inp.words[slot])
+            if v >> 1 == d + 1:
+                return bool(v & 1)
+            await asyncio.sleep(VERDICT_POLL)
+        return False
+
+    def _delivered(self, fp: Fingerprint | None) -> None:
+        if self.read_dropped:  # (abandoned while we waited for the verdict)
+            self._undelivered()
+            return
+        dst, recv, held, key = self.read_dst, self.read_recv, self.read_held, self.read_key
+        assert dst is not None
+        self.paths.bytes_received += dst.nbytes
+        self.paths.moved += 1
+        self._end_read(delivered=True)
+        self._finish(key, fp, dst, recv, held)
+        self.drain()
+
+    def _undelivered(self) -> None:
+        """The read ends without a delivery: its receive (if still wanted) waits for the next message."""
+        recv = self.read_recv
+        self._end_read(delivered=False)
+        if recv is not None:
+            self.paths.mailbox.repost(recv)
+        self.paths.moved += 1
+        self.drain()
+
+    def _end_read(self, *, delivered: bool) -> None:
+        if self.read_held and not delivered and self.read_dst is not None:
+            self.paths.unreserve(self.read_dst.nbytes)
         self.busy = False
         self.reader = None
         self.read_recv = None
-        self._finish(key, fp, dst, recv, recv is None)
-        self.drain()
+        self.read_dst = None
+        self.read_held = False
+
+    def release_receive(self, fut: asyncio.Future[int]) -> None:
+        """The receive ``fut`` was withdrawn (its timeout, a cancellation): a message arriving
+        for it (in pieces, or by a single-copy read) is held for the next receive instead, what
+        came of it so far included; nothing more is written into the receive's buffer."""
+        part = self.part
+        if part is not None and part.recv is not None and part.recv.future is fut and part.buf is not None:
+            part.buf = _held_copy(part.buf, part.offset)
+            part.recv, part.held = None, True
+            self.paths.reserve(part.total)
+        recv, dst = self.read_recv, self.read_dst
+        if recv is not None and recv.future is fut and dst is not None:
+            # (between two chunks: the reader task resumes with the new destination)
+            self.read_dst = _held_copy(dst, dst.nbytes)
+            self.read_recv, self.read_held = None, True
+            self.paths.reserve(dst.nbytes)
+
+    def abandon(self, key: Key) -> None:
+        """The operation ``key`` was abandoned here: the rest of a message of it arriving is
+        dropped, and our own sends of it that are not the peer's yet are taken back."""
+        part = self.part
+        if part is not None and part.key == key and part.buf is not None:
+            if part.held:
+                self.paths.unreserve(part.total)
+            part.buf, part.recv, part.held = None, None, False
+        if self.busy and self.read_key == key:
+            # (the reader copies no further chunk: it looks at this before each one)
+            self.read_dropped = True
+            self.read_recv = None
+        self.withdraw_key(key)
 
     def _ack(self) -> None:
         inp = self.inp
@@ -530,26 +723,27 @@ class _Link:
             if t is not None:
                 t.cancel()
         self.room_timer = self.recheck_timer = self.park_timer = None
+        for s in self.unacked:
+            self._take_back(s)  # (a reader still at it must not deliver what we no longer lend)
         for s in list(self.backlog) + list(self.unacked):
-            if not s.future.done():
-                s.future.set_exception(exc)
-                s.future.exception()
+            _fail(s.future, exc)
         self.backlog.clear()
         self.unacked.clear()
         if self.reader is not None and not self.reader.done():
             self.reader.cancel()
-            recv = self.read_recv
-            if recv is not None and not recv.future.done():
-                recv.future.set_exception(exc)
-                recv.future.exception()
-        self.reader = None
-        self.read_recv = None
+            if self.read_recv is not None:
+                _fail(self.read_recv.future, exc)
+        self._end_read(delivered=False)
         self.out_state = self.in_state = _OFF
         self.out = self.inp = None
         self.stalled = False  # (nothing will be read from it: no retry may wait on it)
         self.need = 0
-        if self.part is not None and self.part.held and self.part.buf is not None:
-            self.paths.unreserve(self.part.buf.nbytes)
+        part = self.part
+        if part is not None and part.held and part.buf is not None:
+            self.paths.unreserve(part.buf.nbytes)
+        if part is not None and part.recv is not None:
+            # (matched, so no longer posted: the mailbox's failure of the peer cannot reach it)
+            _fail(part.recv.future, exc)
         self.part = None
         for seg in (self.out_seg, self.in_seg):
             if seg is not None:
@@ -559,6 +753,21 @@ class _Link:
 
 _EMPTY = memoryview(b"")
 _MORE_HEADER = b"\x91\x03"  # msgpack of [MORE]
+_DROP_HEADER = b"\x91\x04"  # msgpack of [DROP]
+
+
+def _fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    # (marked retrieved: a failed operation may no longer await its sends)
+    if not fut.done():
+        fut.set_exception(exc)
+        fut.exception()
+
+
+def _held_copy(buf: memoryview, upto: int) -> memoryview:
+    """A buffer of ``buf``'s size for the message it was receiving, holding its first ``upto`` bytes."""
+    held = memoryview(bytearray(buf.nbytes))
+    held[:upto] = buf[:upto]
+    return held
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
@@ -689,7 +898,7 @@ class ShmPaths:
             self._refuse(link, "the segment holds another nonce")
             return
         cma = False
-        if self.mode == "on":
+        if self.mode == "on" and TSO:  # (the descriptors' handshake needs x86's ordering: shm_segment)
             probe = memoryview(bytearray(16))
             try:
                 cma_read(offer.pid, offer.addr + 8, probe)
@@ -769,6 +978,16 @@ class ShmPaths:
         if link.backlog:
             link.flush()
 
+    def release_receive(self, fut: asyncio.Future[int]) -> None:
+        """The receive ``fut`` was withdrawn: see ``_Link.release_receive``."""
+        for link in self.links.values():
+            link.release_receive(fut)
+
+    def abandon(self, key: Key) -> None:
+        """The operation ``key`` was abandoned here: see ``_Link.abandon``."""
+        for link in self.links.values():
+            link.abandon(key)
+
     def drain_from(self, peer: int) -> None:
         """Before a TCP frame of ``peer`` is handled: what it wrote to memory before came first."""
         link = self.links.get(peer)
@@ -822,14 +1041,20 @@ class ShmPaths:
             link.fail(err)
         self._broken(peer, why)
 
+    def drain_departed(self, peer: int) -> None:
+        """``peer`` is gone. What it wrote before it went is intact, and a send completes once
+        its record is in the ring: deliver (or hold) every record, whether or not its receive is
+        posted yet (before the receives still waiting on it fail)."""
+        link = self.links.get(peer)
+        if link is not None and link.broken is None:
+            link.last_drain = True
+            link.drain()
+
     def peer_gone(self, peer: int, exc: BaseException) -> None:
         link = self.links.get(peer)
         if link is None:
             return
-        # What it wrote before it went is intact, and a send completes once its record is in
-        # the ring: deliver (or hold) every record, whether or not its receive is posted yet.
-        link.last_drain = True
-        link.drain()
+        self.drain_departed(peer)
         link.fail(exc)
         self._check_settled()
 

@@ -7,8 +7,10 @@ soon as the reader has proved it maps the same memory: from then on nothing is l
 directory, whatever happens to the processes. Its layout (offsets in bytes)::
 
     0     magic                  8     nonce (the creator's)     32   echo (the reader's)
-    128   head   (creator)       256   tail  (reader)            384  acked (reader)
-    512   creator polls          640   creator blocked on room   768  acks seen (creator)
+    128   head   (creator)       256   tail  (reader)            384  claimed (reader)
+    512   creator polls          640   creator blocked on room   768  claims seen (creator)
+    1024  withdrawn descriptors (creator, ``DESC_SLOTS`` words)
+    1536  verdicts on them       (creator, ``DESC_SLOTS`` words)
     4096  ring data (``capacity`` bytes, a power of two)
 
 Each counter is an aligned 8-byte word with one writer, on a cache line of its own. The
@@ -17,6 +19,16 @@ writer publishes a record by storing ``head`` after the record's bytes; the read
 x86-64 keeps stores in order with stores and loads with loads (TSO), which is all this needs;
 on other machines the doorbells (system calls, full barriers) order them, and the path that
 skips doorbells is off (see ``SKIP_BELLS``).
+
+A single-copy read (a descriptor) is the reader's once it has *claimed* it, and the writer may
+take it back until then (its send failed, and its caller may reuse the buffer): the reader
+stores its claim, then (after a full barrier, ``fence``) looks at whether the writer withdrew the
+descriptor; the writer stores the withdrawal, then (after a barrier) looks at the claim, and
+writes its verdict. Each side stores before it loads, so they cannot both miss the other
+(Dekker's handshake): a reader that saw no withdrawal has the data, and the writer saw its
+claim; a reader that saw one waits for the writer's verdict. Descriptors are numbered per ring;
+the slots of their withdrawals and verdicts hold the number, so a slot's old value is never
+taken for a newer descriptor's (at most ``DESC_SLOTS`` are outstanding).
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import os
 import platform
 import secrets
 import stat
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -43,7 +56,9 @@ __all__ = [
     "SKIP_BELLS",
     "Ring",
     "Segment",
+    "TSO",
     "address_of",
+    "fence",
     "cma_read",
     "sweep",
 ]
@@ -61,11 +76,25 @@ W_ACKED = 48
 W_POLLING = 64
 W_BLOCKED = 80
 W_SEEN = 96
+W_WITHDRAWN = 128  # DESC_SLOTS words
+W_VERDICT = 192  # DESC_SLOTS words
+DESC_SLOTS = 32
 NONCE = slice(8, 24)
 ECHO = slice(32, 48)
 
-# Whether a writer may skip the doorbell of a reader that polls (stores stay ordered: TSO).
-SKIP_BELLS = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+# x86 keeps stores in order with stores and loads with loads, and a locked instruction is a
+# full barrier: what skipping doorbells and the descriptors' handshake (``fence``) need. Elsewhere
+# doorbells are always rung and large messages go through the ring in pieces.
+TSO = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+SKIP_BELLS = TSO
+
+_barrier = threading.Lock()
+
+
+def fence() -> None:
+    """A full memory barrier (on x86: taking a lock is a locked read-modify-write)."""
+    _barrier.acquire()
+    _barrier.release()
 
 
 def _check_name(name: str) -> None:

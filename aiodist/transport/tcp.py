@@ -4,7 +4,16 @@ Each connection is an ``asyncio.BufferedProtocol`` driving a sans-IO ``FrameRead
 payload whose receive is already posted is read by the kernel straight into the posted
 buffer; sends hand the caller's buffer itself to the socket (``writelines`` keeps a
 reference, it does not copy), so a send completes only once the socket has taken every
-byte queued so far (flow control with a zero high-water mark tells us when).
+byte (flow control with a zero high-water mark tells us when).
+
+What a send that failed (a timeout, an abandoned collective) leaves behind is never delivered:
+messages wait in the connection's own queue, not the socket's, while the socket is full, and
+are withdrawn from it; a large payload, handed to the socket by reference, is sent as pending
+data, and once the socket has taken its last byte a ``Verdict`` frame follows: delivered (the
+send completes then), or withdrawn, if the send failed meanwhile (the receiver drops the message
+and its receive waits for the next one; what the caller's buffer held by then does not matter).
+A receive that is abandoned while its payload streams in no longer gets the rest: an abandoned
+collective's is dropped, a point-to-point message is held for the next receive.
 
 A connection that breaks mid-frame or sends nonsense is poisoned: it is aborted, and the
 peer counts as lost; every receive waiting on it fails with ``DistNetworkError`` naming it.
@@ -42,7 +51,7 @@ from aiodist.transport.base import DISCARD, Fingerprint, Key, PendingRecv, Trans
 from aiodist.transport.link_watch import LinkWatch, link_timeout_from_env
 from aiodist.transport.shm import SETUP_TIMEOUT, ShmPaths
 from aiodist.wire.control import Control, Goodbye
-from aiodist.wire.frames import PAUSE, FrameReader, Limits, ProtocolError, encode_frame
+from aiodist.wire.frames import PAUSE, SKIP, FrameReader, Limits, ProtocolError, encode_frame
 from aiodist.wire.handshake import (
     AuthError,
     Challenge,
@@ -56,7 +65,16 @@ from aiodist.wire.handshake import (
     parse_challenge,
     verify_welcome,
 )
-from aiodist.wire.messages import Abort, Bye, ControlFrame, Data, Mismatch, ShmFrame, encode_data
+from aiodist.wire.messages import (
+    Abort,
+    Bye,
+    ControlFrame,
+    Data,
+    Mismatch,
+    ShmFrame,
+    Verdict,
+    encode_data,
+)
 from aiodist.wire.messages import decode as decode_message
 from aiodist.wire.messages import encode as encode_message
 from aiodist.wire.shm import ShmBell, ShmMessage
@@ -78,6 +96,8 @@ PEER_HANDSHAKE_LIMITS = Limits(
 _HANDSHAKE_SCRATCH = 4096
 _EMPTY = memoryview(b"")
 _BELL_FRAME = encode_message(ShmFrame(ShmBell()))  # the doorbell of shared memory, sent often
+_DELIVER = encode_message(Verdict(True))
+_WITHDRAW = encode_message(Verdict(False))
 _DATA_SCRATCH = 256 * 1024
 # How long aclose() waits for peers to close their side after our goodbye.
 LEAVE_TIMEOUT = 2.0
@@ -128,6 +148,34 @@ _bad_peer_warning = _RateLimitedWarning()
 _auth_warning = _RateLimitedWarning()
 
 
+class _Out:
+    """A message in a connection's queue (not handed to the socket yet), or the pending data
+    message handed over whose verdict is still to be written."""
+
+    __slots__ = ("future", "header", "key", "payload", "withdrawn")
+
+    def __init__(
+        self, header: bytes, payload: memoryview, key: Key | None, future: asyncio.Future[None]
+    ) -> None:
+        self.header = header
+        self.payload = payload
+        self.key = key  # (data messages: withdrawn with their operation)
+        self.future = future
+        self.withdrawn = False
+
+
+def _settle(fut: asyncio.Future[None] | None) -> None:
+    if fut is not None and not fut.done():
+        fut.set_result(None)
+
+
+def _fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    # (marked retrieved: a failed operation may no longer await its sends)
+    if not fut.done():
+        fut.set_exception(exc)
+        fut.exception()
+
+
 class _PeerProtocol(asyncio.BufferedProtocol):
     """One connection to one peer: handshake first, then data frames."""
 
@@ -152,7 +200,16 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self.refuse = ""  # set by the listener: drop this connection as soon as it is made
         self._key: Key = (0, 0, 0)
         self._fp: Fingerprint | None = None
-        self._drain_waiters: deque[asyncio.Future[None]] = deque()
+        self._pending = False  # the payload being read is pending data: a verdict follows
+        # A pending data message read whole, waiting for its verdict (the next frame): the
+        # receive it fills (a PendingRecv), None (held: its payload), or DISCARD.
+        self._undecided: PendingRecv | object | None = None
+        self._undecided_payload: memoryview | None = None
+        self._undecided_at = False  # a message is waiting for its verdict
+        # Sending: messages not handed to the socket (it is full), and the pending data message
+        # handed over whose verdict waits for the socket to take its last byte.
+        self._queue: deque[_Out] = deque()
+        self._unsettled: _Out | None = None
         self._paused = False
         self._deadline: asyncio.TimerHandle | None = None
         self.departed = False  # the peer said goodbye before closing
@@ -203,11 +260,14 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self.owner._deferred.discard(self)
         if not self.closed.done():
             self.closed.set_result(None)
-        for fut in self._drain_waiters:
-            if not fut.done():
-                fut.set_exception(self._lost_error(exc))
-                fut.exception()  # its operation may have failed already and not await it
-        self._drain_waiters.clear()
+        lost = self._lost_error(exc)
+        for out in self._queue:
+            _fail(out.future, lost)
+        self._queue.clear()
+        if self._unsettled is not None:
+            _fail(self._unsettled.future, lost)
+            self._unsettled = None
+        self._drop_undecided()
         if not self.ready.done():
             self.ready.set_exception(self._lost_error(exc))
             self.ready.exception()  # mark retrieved; the connecting side reports it
@@ -217,25 +277,79 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self._paused = True
 
     def resume_writing(self) -> None:
+        # The socket took every byte handed to it: the pending message's verdict, then what
+        # waited in our queue, while the socket takes it.
         self._paused = False
-        waiters, self._drain_waiters = self._drain_waiters, deque()
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        transport = self.transport
+        out = self._unsettled
+        if out is not None and transport is not None:
+            self._unsettled = None
+            transport.write(_WITHDRAW if out.withdrawn else _DELIVER)
+            _settle(out.future)  # (a withdrawn one failed when it was withdrawn)
+        while self._queue and not self._paused and transport is not None and not transport.is_closing():
+            out = self._queue.popleft()
+            self._hand_over(out.header, out.payload, out.key, out.future)
 
     # -- sending ----------------------------------------------------------------------
-    def write_message(self, header: bytes, payload: memoryview) -> Awaitable[None]:
+    def write_message(
+        self, header: bytes, payload: memoryview = _EMPTY, key: Key | None = None
+    ) -> Awaitable[None]:
+        """Send one frame (``header``, then ``payload`` for a data message, whose ``key`` is
+        given); completes once the socket has it all. Messages keep their order."""
+        if self._queue or self._paused:  # behind what the socket has not taken yet
+            out = _Out(header, payload, key, self.owner.loop.create_future())
+            self._queue.append(out)
+            return out.future
+        return self._hand_over(header, payload, key, None)
+
+    def write_data(self, key: Key, fp: Fingerprint | None, payload: memoryview) -> Awaitable[None]:
+        pending = payload.nbytes > _SMALL_PAYLOAD  # (handed over by reference: see _hand_over)
+        return self.write_message(encode_data(key, fp, payload.nbytes, pending), payload, key)
+
+    def _hand_over(
+        self, header: bytes, payload: memoryview, key: Key | None, fut: asyncio.Future[None] | None
+    ) -> Awaitable[None]:
         transport = self.transport
         assert transport is not None
-        if payload.nbytes <= _SMALL_PAYLOAD:
-            transport.write(header + payload.tobytes() if payload.nbytes else header)
-        else:
-            transport.writelines((header, payload))
-        if not self._paused:
+        n = payload.nbytes
+        if n <= _SMALL_PAYLOAD:
+            # Copied with its header: the socket's copy is the message, whole.
+            transport.write(header + payload.tobytes() if n else header)
+            _settle(fut)
             return self.owner._done
-        fut = self.owner.loop.create_future()
-        self._drain_waiters.append(fut)
+        # By reference: until the socket has taken the last byte, the caller's buffer is the
+        # message, and the send may still fail. The verdict follows then (resume_writing).
+        transport.writelines((header, payload))
+        if not self._paused:
+            transport.write(_DELIVER)
+            _settle(fut)
+            return self.owner._done
+        if fut is None:
+            fut = self.owner.loop.create_future()
+        self._unsettled = _Out(header, payload, key, fut)
         return fut
+
+    def withdraw(self, fut: asyncio.Future[None]) -> bool:
+        """Take back the message whose send is ``fut``: True if it will not be delivered (the
+        caller fails ``fut``), False if the socket already holds it whole."""
+        for out in self._queue:
+            if out.future is fut:
+                self._queue.remove(out)
+                return True
+        if self._unsettled is not None and self._unsettled.future is fut:
+            self._unsettled.withdrawn = True
+            return True
+        return False
+
+    def withdraw_key(self, key: Key) -> None:
+        """Take back every message of the operation ``key`` not yet whole in the socket.
+
+        (Their sends stay pending: the operation that awaits them is being failed with its own
+        error, which a withdrawal must not overtake.)"""
+        self._queue = deque(out for out in self._queue if out.key != key)
+        last = self._unsettled
+        if last is not None and last.key == key:
+            last.withdrawn = True
 
     # -- receiving --------------------------------------------------------------------
     def _on_header(self, header: Any, nbytes: int) -> memoryview | None:
@@ -253,13 +367,20 @@ class _PeerProtocol(asyncio.BufferedProtocol):
             raise ProtocolError(f"{exc} from rank {self.peer}") from None
         # What the peer wrote to shared memory before this frame comes before it.
         self.owner._shm.drain_from(self.peer)
+        if self._undecided_at and type(msg) is not Verdict:
+            raise ProtocolError(
+                f"rank {self.peer} sent {type(msg).__name__} where the verdict on its pending message was due"
+            )
         if type(msg) is Data:
             return self._on_data(msg, nbytes)
         self._target = DISCARD  # the other kinds carry no payload
-        if type(msg) is ShmFrame:
+        self._pending = False
+        if type(msg) is Verdict:
+            self._decide(msg.deliver)
+        elif type(msg) is ShmFrame:
             self.owner._shm.message(self.peer, msg.message)
             return None
-        if type(msg) is Mismatch:
+        elif type(msg) is Mismatch:
             self.owner._mismatch_reported(self.peer, msg.key, msg.sent, msg.want)
         elif type(msg) is Abort:
             self.owner._abort_reported(self.peer, msg.key, msg.reason, msg.kind)
@@ -273,10 +394,10 @@ class _PeerProtocol(asyncio.BufferedProtocol):
     def _on_data(self, msg: Data, nbytes: int) -> memoryview | None:
         """Match a data message to its receive: its buffer, None (hold it), or PAUSE."""
         owner = self.owner
+        key, fp, self._pending = msg
         if owner._closing:
             self._target = DISCARD  # we said goodbye: nothing that arrives matters now
-            return None
-        key, fp = msg
+            return cast(memoryview, SKIP)
         target = owner.mailbox.match(self.peer, key, nbytes, fp)
         if target is None and nbytes and not owner._room_for(nbytes):
             # Holding it would exceed the cap: leave it unread until a receive is
@@ -292,16 +413,23 @@ class _PeerProtocol(asyncio.BufferedProtocol):
             self._stop_parking()
         self._deferred_bytes = 0
         self._target = target
+        self._key, self._fp = key, fp
         if isinstance(target, PendingRecv):
             return target.buf
-        if target is None:
-            self._reserved = nbytes
-            owner._incoming += nbytes
-        self._key, self._fp = key, fp
+        if target is DISCARD:
+            return cast(memoryview, SKIP)
+        self._reserved = nbytes
+        owner._incoming += nbytes
         return None
 
     def _on_frame(self, header: Any, payload: memoryview) -> None:
         target, self._target = self._target, None
+        if self._pending:  # the receiver's once the verdict (the next frame) says so
+            self._pending = False
+            self._undecided_at = True
+            self._undecided = target
+            self._undecided_payload = payload if target is None else None
+            return
         if target is DISCARD:
             return
         if isinstance(target, PendingRecv):
@@ -309,6 +437,72 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         elif target is None:
             self._release_reservation()
             self.owner.mailbox.deliver(self.peer, self._key, self._fp, payload, owned=True)
+
+    def _decide(self, deliver: bool) -> None:
+        """The verdict on the pending message read last: deliver it, or drop it (the sender's
+        send failed), in which case its receive waits for the next message, first in line."""
+        if not self._undecided_at:
+            raise ProtocolError(f"rank {self.peer} sent a verdict with no pending message before it")
+        target, payload = self._undecided, self._undecided_payload
+        self._drop_undecided()
+        if target is DISCARD:
+            return
+        mailbox = self.owner.mailbox
+        if isinstance(target, PendingRecv):
+            if deliver:
+                mailbox.complete(target, self.peer)
+            else:
+                mailbox.repost(target)
+        elif deliver and payload is not None:
+            mailbox.deliver(self.peer, self._key, self._fp, payload, owned=True)
+
+    def _drop_undecided(self) -> None:
+        if self._undecided_at and self._undecided is None:
+            self._release_reservation()  # (a held payload counts until its verdict)
+        self._undecided_at = False
+        self._undecided = self._undecided_payload = None
+
+    def release_receive(self, fut: asyncio.Future[int]) -> None:
+        """The receive ``fut`` was withdrawn (its timeout, a cancellation): a message of this
+        peer that it was getting is held for the next receive instead, what arrived of it so
+        far included; none of it is written into the receive's buffer from now on."""
+        if self.closed.done():
+            return  # (the connection is gone: nothing more arrives)
+        target = self._target if self._reader.receiving_payload else None
+        if isinstance(target, PendingRecv) and target.future is fut:
+            held = memoryview(bytearray(target.buf.nbytes))
+            self._reader.redirect(held)
+            self._target = None
+            self._reserved = held.nbytes
+            self.owner._incoming += held.nbytes
+        undecided = self._undecided
+        if self._undecided_at and isinstance(undecided, PendingRecv) and undecided.future is fut:
+            self._undecided = None
+            self._undecided_payload = memoryview(bytearray(undecided.buf))
+            self._reserved = undecided.buf.nbytes
+            self.owner._incoming += undecided.buf.nbytes
+
+    def abandon(self, key: Key) -> None:
+        """The operation ``key`` was abandoned here: what of its messages is still arriving is
+        dropped, and what of ours is not yet whole in the socket is withdrawn."""
+        target = self._target
+        if self._reader.receiving_payload and self._key == key and target is not DISCARD:
+            self._reader.redirect(None)
+            self._target = DISCARD
+            self._release_reservation()
+        if self._undecided_at and self._key == key:
+            self._release_reservation()
+            self._undecided, self._undecided_payload = DISCARD, None
+        self.withdraw_key(key)
+
+    def fail_matched(self, exc: BaseException) -> None:
+        """The connection is gone: the receive whose message was arriving (or awaiting its
+        verdict) fails too (it is no longer posted, so the mailbox cannot reach it)."""
+        for target in (self._target, self._undecided):
+            if isinstance(target, PendingRecv):
+                _fail(target.future, exc)
+        self._target = None
+        self._drop_undecided()
 
     def _park(self, nbytes: int) -> bool:
         """Leave a large unexpected payload unread until its receive is posted, for a moment.
@@ -537,15 +731,19 @@ class TcpTransport(Transport):
             raise DistNetworkError(f"rank {self.rank} has no connection to rank {dst}")
         if dst in self.dead_peers:
             raise self.dead_peers[dst]
+        if self.mailbox.was_abandoned(key):
+            # (an operation abandoned here, still running until it is failed: nothing more of
+            # it leaves this rank, and its send stays pending until then)
+            return self.loop.create_future()
         link = self._shm.link_to(dst)
         if link is not None:
             return link.send(key, payload, fp)
-        return proto.write_message(encode_data(key, fp, payload.nbytes), payload)
+        return proto.write_data(key, fp, payload)
 
     def _send_mismatch(self, dst: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
         proto = self._peers.get(dst)
         if proto is not None and dst not in self.dead_peers and not self._closing:
-            proto.write_message(encode_message(Mismatch(key, sent, want)), memoryview(b""))
+            proto.write_message(encode_message(Mismatch(key, sent, want)))
 
     def send_abort(self, dst: int, key: Key, reason: str, kind: str = "network") -> None:
         proto = self._peers.get(dst)
@@ -556,7 +754,7 @@ class TcpTransport(Transport):
             and proto.transport is not None
             and not self._closing
         ):
-            proto.write_message(encode_message(Abort(key, reason, kind)), memoryview(b""))
+            proto.write_message(encode_message(Abort(key, reason, kind)))
 
     def send_control(self, dst: int, msg: Control) -> None:
         proto = self._peers.get(dst)
@@ -564,7 +762,7 @@ class TcpTransport(Transport):
             return
         if proto.transport.is_closing():
             return
-        proto.write_message(encode_message(ControlFrame(msg)), memoryview(b""))
+        proto.write_message(encode_message(ControlFrame(msg)))
 
     # -- shared memory ------------------------------------------------------------------
     async def shm_settled(self, timeout: float = SETUP_TIMEOUT) -> None:
@@ -593,7 +791,7 @@ class TcpTransport(Transport):
         if proto is None or proto.transport is None or proto.transport.is_closing() or self._closing:
             return
         frame = _BELL_FRAME if isinstance(msg, ShmBell) else encode_message(ShmFrame(msg))
-        proto.write_message(frame, _EMPTY)
+        proto.write_message(frame)
 
     def _reserve(self, nbytes: int) -> None:
         self._incoming += nbytes
@@ -633,7 +831,23 @@ class TcpTransport(Transport):
 
     def abandon(self, key: Key) -> None:
         super().abandon(key)
+        for proto in self._peers.values():
+            proto.abandon(key)
+        self._shm.abandon(key)
         self._schedule_retry()  # a paused message may belong to the abandoned operation
+
+    def cancel_recv(self, fut: asyncio.Future[int]) -> None:
+        super().cancel_recv(fut)
+        for proto in self._peers.values():
+            proto.release_receive(fut)
+        self._shm.release_receive(fut)
+
+    def cancel_send(self, dst: int, fut: asyncio.Future[None]) -> bool:
+        link = self._shm.links.get(dst)
+        if link is not None and link.withdraw(fut):
+            return True
+        proto = self._peers.get(dst)
+        return proto is not None and proto.withdraw(fut)
 
     def stall_note(self) -> str:
         # (not those merely parked: they wait a moment for their receive, not for room)
@@ -666,15 +880,19 @@ class TcpTransport(Transport):
         del self._peers[proto.peer]
         self._links.remove(proto.peer)
         if self.closed or self._closing:
-            self._shm.peer_gone(proto.peer, DistNetworkError(f"rank {self.rank}: transport closed"))
+            closed = DistNetworkError(f"rank {self.rank}: transport closed")
+            proto.fail_matched(closed)
+            self._shm.peer_gone(proto.peer, closed)
             return
         cause = self._poisoned.get(proto.peer)
         if proto.departed and cause is None:
             # An orderly leave: fail what still needs this rank, but do not break the groups;
             # the other ranks may go on among themselves (torch's tutorial programs do).
             left = DistNetworkError(proto.goodbye.describe(proto.peer))
-            self._shm.peer_gone(proto.peer, left)
+            self._shm.drain_departed(proto.peer)  # (what it sent first: see ShmPaths.peer_gone)
             self._peer_left(proto.peer, left)
+            proto.fail_matched(left)
+            self._shm.peer_gone(proto.peer, left)
             return
         if cause is not None:
             err = DistNetworkError(f"connection to rank {proto.peer} was dropped: {cause}")
@@ -697,8 +915,10 @@ class TcpTransport(Transport):
                 "(killed or crashed, or it ended without leaving the job)" + (f" ({exc})" if exc else "")
             )
         err.__cause__ = cause or exc
+        self._shm.drain_departed(proto.peer)
+        self._peer_lost(proto.peer, err)  # (its groups fail their operations with it, naming them)
+        proto.fail_matched(err)
         self._shm.peer_gone(proto.peer, err)
-        self._peer_lost(proto.peer, err)
 
     # -- lifetime -----------------------------------------------------------------------
     async def aclose(self) -> None:
@@ -717,7 +937,7 @@ class TcpTransport(Transport):
         if self.first_loss is not None and not how.after_loss:
             how = Goodbye(how.how, how.detail, str(self.first_loss)[:2000])
         bye = encode_message(Bye(how))
-        waits = [p.write_message(bye, memoryview(b"")) for p in protos]
+        waits = [p.write_message(bye) for p in protos]
         pending = [w for w in waits if isinstance(w, asyncio.Future) and not w.done()]
         if pending:
             await asyncio.wait(pending, timeout=5.0)

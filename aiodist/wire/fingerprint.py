@@ -87,7 +87,8 @@ class OpFingerprint:
 ORDER_HINT = (
     "collectives on one group are matched across ranks by call order, and these were started by "
     "different tasks (or threads) in a different order on each rank; give each task its own group "
-    "(new_group), or start them from one task"
+    "(new_group), or start them from one task (ranks that run different tasks on purpose, in a "
+    'fixed order, can say so: new_group(..., task_check="off"))'
 )
 """What to do when the only disagreement is the origin: said once, after the two descriptions."""
 

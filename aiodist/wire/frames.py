@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_LIMITS",
     "PAUSE",
     "PREFIX",
+    "SKIP",
     "FrameReader",
     "Limits",
     "ProtocolError",
@@ -73,6 +74,19 @@ class _Pause:
 PAUSE: Any = _Pause()
 
 
+class _Skip:
+    """``on_header`` answer: read this frame's payload and drop it (no buffer of its size)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "SKIP"
+
+
+SKIP: Any = _Skip()
+_NOTHING = memoryview(b"")
+
+
 _packers = threading.local()
 
 
@@ -107,7 +121,8 @@ def decode_header(data: bytes | memoryview, limits: Limits = DEFAULT_LIMITS) -> 
 
 
 # on_header(header, payload_len) -> where the payload goes (a writable memoryview of exactly
-# payload_len bytes), None to have it collected into a fresh bytearray, or PAUSE.
+# payload_len bytes), None to have it collected into a fresh bytearray, SKIP to read and drop
+# it (on_frame then gets an empty view), or PAUSE.
 HeaderCallback = Callable[[Any, int], "memoryview | None"]
 # on_frame(header, payload) -> called once the whole payload has arrived.
 FrameCallback = Callable[[Any, memoryview], None]
@@ -127,6 +142,7 @@ class FrameReader:
     """Incremental frame parser for a stream of bytes fed in arbitrary pieces."""
 
     __slots__ = (
+        "_discard",
         "_expect",
         "_filled",
         "_header",
@@ -164,12 +180,16 @@ class FrameReader:
         self._payload_len = 0
         self._sink: memoryview | None = None
         self._staged = 0  # payload bytes already in the sink
+        self._discard = False  # this frame's payload is read and dropped (no sink)
         self._narrow = False  # the last frame was large: read the next header in a small window
 
     # -- BufferedProtocol-shaped feeding ------------------------------------------------
     def get_buffer(self) -> memoryview:
         """Where the next received bytes should be written (empty only while paused and full)."""
         if self._state == _PAYLOAD and self._pos == self._filled:
+            if self._discard:  # into the scratch buffer, to be dropped
+                self._pos = self._filled = 0
+                return self._scratch_view[: min(len(self._scratch), self._payload_len - self._staged)]
             # Straight into the destination, never past the end of this frame's payload.
             assert self._sink is not None
             return self._sink[self._staged :]
@@ -251,6 +271,28 @@ class FrameReader:
             self._scratch, self._scratch_view = scratch, memoryview(scratch)
             self._pos, self._filled = 0, n
 
+    def redirect(self, sink: memoryview | None) -> None:
+        """Send the rest of the payload being read elsewhere: into ``sink`` (a view of the whole
+        payload's size; what arrived so far is copied into it first), or with None nowhere (it
+        is read and dropped). For a receive abandoned while its payload streams in: the bytes
+        still to come must not land in the buffer its caller got back.
+        """
+        if self._state != _PAYLOAD:
+            return
+        if sink is None:
+            self._sink, self._discard = None, True
+            return
+        if sink.nbytes != self._payload_len:
+            raise ValueError(f"a sink of {sink.nbytes} bytes for a {self._payload_len}-byte payload")
+        if self._sink is not None:
+            sink[: self._staged] = self._sink[: self._staged]
+        self._sink, self._discard = sink, False
+
+    @property
+    def receiving_payload(self) -> bool:
+        """A frame's payload is being read (``redirect`` applies to it)."""
+        return self._state == _PAYLOAD
+
     @property
     def mid_frame(self) -> bool:
         """True when a frame has begun but not ended (closing now would cut it in half)."""
@@ -289,9 +331,12 @@ class FrameReader:
             else:  # _PAYLOAD, with bytes still sitting in scratch
                 if avail == 0:
                     return
-                assert self._sink is not None
                 n = min(avail, self._payload_len - self._staged)
-                self._sink[self._staged : self._staged + n] = self._scratch_view[self._pos : self._pos + n]
+                if not self._discard:
+                    assert self._sink is not None
+                    self._sink[self._staged : self._staged + n] = self._scratch_view[
+                        self._pos : self._pos + n
+                    ]
                 self._pos += n
                 self._staged += n
                 if self._staged == self._payload_len:
@@ -303,22 +348,29 @@ class FrameReader:
         if sink is PAUSE:
             self._state = _PAUSED
             return False
+        self._staged = 0
+        self._state = _PAYLOAD
+        if sink is SKIP:
+            self._sink, self._discard = None, True
+            if self._payload_len == 0:
+                self._finish_payload()
+            return True
         if sink is None:
             sink = memoryview(bytearray(self._payload_len))
         elif sink.nbytes != self._payload_len:
             raise ProtocolError(f"payload sink of {sink.nbytes} bytes for a {self._payload_len}-byte payload")
         self._sink = sink.cast("B") if sink.format != "B" or sink.ndim != 1 else sink
-        self._staged = 0
-        self._state = _PAYLOAD
         if self._payload_len == 0:
             self._finish_payload()
         return True
 
     def _finish_payload(self) -> None:
         header, sink = self._header, self._sink
-        assert sink is not None
+        if sink is None:  # (dropped)
+            sink = _NOTHING
         self._header = None
         self._sink = None
+        self._discard = False
         self._staged = 0
         self._state = _PREFIX
         self._narrow = self._payload_len >= _WIDE_AFTER

@@ -16,7 +16,15 @@ kind       message         body
 3          ``Bye``         a ``Goodbye`` (``aiodist.wire.control``); a string from older peers
 4          ``ControlFrame`` a control message (``aiodist.wire.control``); key ``(0, 0, 0)``
 5          ``ShmFrame``    a shared-memory setup message or doorbell (``aiodist.wire.shm``)
+6          ``Data``        as kind 0, but the receive completes on the ``Verdict`` that follows
+7          ``Verdict``     ``True``: deliver the pending data message before it; ``False``: the
+                           sender withdrew it (its send failed): drop it
 =========  ==============  ==========================================================
+
+A sender that hands the socket a reference to the caller's buffer (large payloads) sends kind 6:
+until the socket has taken the last byte, the send may still fail (a timeout) and the caller
+may then reuse its buffer, so the message is not the receiver's until the verdict says so. The
+verdict is the very next frame on the connection.
 
 ``decode`` checks every field and raises ``ProtocolError`` on anything else, so the transport
 can poison the connection instead of failing somewhere deeper. ``Data`` is a named tuple rather
@@ -41,6 +49,7 @@ __all__ = [
     "KIND_DATA",
     "KIND_MISMATCH",
     "KIND_SHM",
+    "KIND_VERDICT",
     "Abort",
     "Bye",
     "ControlFrame",
@@ -49,6 +58,7 @@ __all__ = [
     "Mismatch",
     "PeerMessage",
     "ShmFrame",
+    "Verdict",
     "decode",
     "encode",
     "encode_data",
@@ -60,6 +70,8 @@ KIND_ABORT = 2
 KIND_BYE = 3  # an orderly goodbye: the peer is leaving, and says how (a Goodbye)
 KIND_CTRL = 4  # a control message of a group, answered by the receiving runtime
 KIND_SHM = 5  # shared memory between ranks of one host: its setup, and its doorbells
+KIND_DATA_PENDING = 6  # data whose delivery waits for the Verdict that follows it
+KIND_VERDICT = 7
 
 # (group id, channel, sequence number): what matches a message to its receive.
 Key = tuple[int, int, int]
@@ -70,10 +82,14 @@ _MAX_LOSS_TEXT = 2000  # an older peer's goodbye: the loss that made it leave
 
 
 class Data(NamedTuple):
-    """A payload for the receive posted under ``key``; the frame's payload follows the header."""
+    """A payload for the receive posted under ``key``; the frame's payload follows the header.
+
+    ``pending``: the message is the receiver's only once the next frame, a ``Verdict``, says so.
+    """
 
     key: Key
     fp: Fingerprint | None
+    pending: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,26 +146,36 @@ class ShmFrame:
         return [KIND_SHM, 0, 0, 0, self.message.encode()]
 
 
-PeerMessage = Data | Mismatch | Abort | Bye | ControlFrame | ShmFrame
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Whether the pending data message just before it is delivered (True) or withdrawn."""
+
+    deliver: bool
+
+    def header(self) -> list[Any]:
+        return [KIND_VERDICT, 0, 0, 0, self.deliver]
+
+
+PeerMessage = Data | Mismatch | Abort | Bye | ControlFrame | ShmFrame | Verdict
 
 # ``Data(key, fp)`` without the generated ``__new__``'s argument handling: a third of its cost,
 # on every message received.
 _new_data: Any = tuple.__new__
 
 
-def encode_data(key: Key, fp: Fingerprint | None, nbytes: int) -> bytes:
+def encode_data(key: Key, fp: Fingerprint | None, nbytes: int, pending: bool = False) -> bytes:
     """Prefix and header of a data frame; the caller writes the ``nbytes`` of payload after it.
 
-    The data path's encoder: the same bytes as ``encode(Data(key, fp), nbytes)``, with no
-    message object built.
+    The data path's encoder: the same bytes as ``encode(Data(key, fp, pending), nbytes)``, with
+    no message object built.
     """
-    return encode_frame([KIND_DATA, key[0], key[1], key[2], fp], nbytes)
+    return encode_frame([KIND_DATA_PENDING if pending else KIND_DATA, key[0], key[1], key[2], fp], nbytes)
 
 
 def encode(msg: PeerMessage, nbytes: int = 0) -> bytes:
     """Prefix and header of one message's frame (``nbytes``: a data message's payload size)."""
     if isinstance(msg, Data):
-        return encode_data(msg.key, msg.fp, nbytes)
+        return encode_data(msg.key, msg.fp, nbytes, msg.pending)
     if nbytes:
         raise ValueError(f"a {type(msg).__name__} message carries no payload")
     return encode_frame(msg.header())
@@ -169,10 +195,10 @@ def decode(header: Any, nbytes: int) -> PeerMessage:
         raise ProtocolError("malformed message header") from None
     if not (type(kind) is int and type(gid) is int and type(chan) is int and type(seq) is int):
         raise ProtocolError("malformed message header")
-    if kind == KIND_DATA:  # first: every payload comes this way
+    if kind in (KIND_DATA, KIND_DATA_PENDING):  # first: every payload comes this way
         if body is not None and type(body) is not list:
             raise ProtocolError("malformed message fingerprint")
-        data: Data = _new_data(Data, ((gid, chan, seq), body))
+        data: Data = _new_data(Data, ((gid, chan, seq), body, kind == KIND_DATA_PENDING))
         return data
     return _decode_notice(kind, (gid, chan, seq), body, nbytes)
 
@@ -208,6 +234,10 @@ def _decode_notice(kind: int, key: Key, body: Any, nbytes: int) -> PeerMessage:
         if nbytes:
             raise ProtocolError("malformed shared-memory message")
         return ShmFrame(decode_shm(body))
+    if kind == KIND_VERDICT:
+        if nbytes or type(body) is not bool:
+            raise ProtocolError("malformed verdict")
+        return Verdict(body)
     raise ProtocolError(f"unknown message kind {kind!r}")
 
 

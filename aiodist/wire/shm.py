@@ -19,6 +19,8 @@ msgpack header, then the payload, padded to ``ALIGN`` bytes. A prefix whose head
     [DESC, gid, chan, n, fp, nbytes, pid, addr]   single copy: read ``nbytes`` at ``addr`` of ``pid``
     [PART, gid, chan, n, fp, nbytes]              the first piece of a message sent in pieces
     [MORE]                                        the next piece of that message
+    [DROP]                                        the message in pieces ends here, withdrawn:
+                                                  its send failed; drop what came of it
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "ALIGN",
     "DATA",
     "DESC",
+    "DROP",
     "MORE",
     "PART",
     "RECORD",
@@ -58,6 +61,7 @@ DATA = 0
 DESC = 1
 PART = 2
 MORE = 3
+DROP = 4
 
 _NONCE = 16
 _MAX_NAME = 255
@@ -194,6 +198,7 @@ class RecordHeader(NamedTuple):
 
 
 _MORE_HEADER = RecordHeader(MORE, (0, 0, 0), None)
+_DROP_HEADER = RecordHeader(DROP, (0, 0, 0), None)
 _new: Any = tuple.__new__
 
 
@@ -204,6 +209,8 @@ def decode_record_header(raw: Any, payload_len: int) -> RecordHeader:
     kind = raw[0]
     if kind == MORE and len(raw) == 1 and type(kind) is int:
         return _MORE_HEADER
+    if kind == DROP and len(raw) == 1 and type(kind) is int and payload_len == 0:
+        return _DROP_HEADER
     n = len(raw)
     if (
         n < 5

@@ -188,6 +188,17 @@ async def test_misuse_is_a_clear_error() -> None:
         g.send(np.zeros(1), 0)
     with pytest.raises(TypeError, match="tag"):
         g.send(np.zeros(1), 1, tag="x")  # type: ignore[arg-type]
+    for tag in (2**64, 2**63, -(2**63) - 1):  # beyond what a message header carries: both sides
+        with pytest.raises(ValueError, match="signed 64-bit"):
+            g.send(np.zeros(1), 1, tag=tag)
+        with pytest.raises(ValueError, match="signed 64-bit"):
+            g.recv(np.zeros(1), 1, tag=tag)
+    for tag in (2**63 - 1, -(2**63)):  # the ends of the range travel
+        w = g.send(np.ones(1), 1, tag=tag)
+        buf = np.zeros(1)
+        await groups[1].recv(buf, 0, tag=tag)
+        await w
+        assert buf[0] == 1
     with pytest.raises(ValueError, match="tensor"):
         g.recv(np.zeros((4, 4))[:, 0], 1)  # not contiguous
     ro = np.zeros(3)

@@ -133,3 +133,23 @@ def _proposal(gid: int) -> object:
     from aiodist.wire.control import GroupState, ResyncProposal
 
     return ResyncProposal(gid, 1, GroupState(0, 0, 0, ()))
+
+
+async def test_a_late_message_stops_the_group_until_resync_and_says_so() -> None:
+    """Both ranks believe they are the broadcast's root: each completes, then receives the
+    other's data late. The group refuses later collectives saying what repairs it (resync, not
+    destroy and init), and resync does."""
+    async with _world(2, 5.0) as (_fabric, gs):
+        await asyncio.gather(
+            dist.broadcast(np.ones(4), 0, group=gs[0]),
+            dist.broadcast(np.ones(4), 1, group=gs[1]),
+            return_exceptions=True,  # (one, or both, may see the other's data in time)
+        )
+        await asyncio.sleep(0.05)  # (the late messages arrive)
+        for g in gs:
+            with pytest.raises(dist.CollectiveMismatchError) as info:
+                await dist.all_reduce(np.ones(2), group=g)
+            text = str(info.value)
+            assert "cannot go on until resync on every rank" in text and "is broken" not in text, text
+        await asyncio.gather(*(dist.resync(g) for g in gs))
+        await _exact_all_reduce(gs)

@@ -128,3 +128,45 @@ def test_launcher_sweeps_what_killed_workers_leave(tmp_path: Path) -> None:
     paths = [Path(p.read_text()) for p in tmp_path.glob("segment_*")]
     assert len(paths) == 2
     assert not any(p.exists() for p in paths)
+
+
+async def _kill_sender_mid_pieces(rank: int, size: int, out: str) -> Any:
+    """Through the ring in pieces (AIODIST_SHM=copy): the sender dies while the receiver is
+    taking its message piece by piece (slowed down, so that the kill lands mid-message)."""
+    import aiodist.transport.shm as shm
+
+    marker = Path(out, "killed")
+    await dist.init_process_group("tcp", "env://", timeout=LONG_TIMEOUT)
+    t = np.zeros(16 << 20, np.float32)  # 64 MiB: 64 pieces
+    if rank == 0:
+        work = dist.send(t, 1)
+        await asyncio.sleep(0.2)
+        mark(marker)
+        os.kill(os.getpid(), signal.SIGKILL)
+        await work
+    real = shm._Link._piece
+
+    def slow(self: Any, payload: memoryview) -> bool:
+        time.sleep(0.01)
+        return real(self, payload)
+
+    shm._Link._piece = slow  # type: ignore[method-assign]
+    try:
+        await dist.recv(t, 0)
+    except dist.DistNetworkError as exc:
+        return {"took": since(marker), "msg": str(exc)}
+    finally:
+        await dist.destroy_process_group()
+    return {"msg": "no error"}
+
+
+def test_a_receive_in_pieces_fails_at_once_when_its_sender_dies(tmp_path: Path) -> None:
+    """The receive matched to the message arriving in pieces is no longer posted: it fails with
+    the loss itself, not a second later by the grace given to operations in flight."""
+    res = spawn(
+        _kill_sender_mid_pieces, 2, args=(str(tmp_path),), env={"AIODIST_SHM": "copy"}, expect_failure=[0], timeout=60
+    )
+    msg = res[1]["msg"]
+    assert "rank 0" in msg and "recv from rank 0" in msg, msg
+    assert "could not complete within" not in msg, msg  # (the grace's words: the receive was stranded)
+    assert res[1]["took"] < 2.0, res[1]

@@ -8,8 +8,8 @@
   for ``AIODIST_LINK_TIMEOUT`` (3 s here, 60 by default), found within an eighth of it and a
   second more; asserted under 30 s (the group timeout, 120 s, is not what fires). With data
   in flight, and with nothing in flight (the survivors only waiting).
-- A rank that raises on one host: the other host's launcher says its own ranks failed because
-  of that rank, on another node; the failing host's launcher names it as the root cause.
+- A rank that raises on one host: both hosts' launchers name it as the root cause, the other
+  host's as a rank on another node that its own ranks' errors lead to.
 
 Each launcher's output is checked: its workers' lines carry their rank prefixes, and its
 summary names the failed ranks.
@@ -52,16 +52,17 @@ def ranks_of(job: Job, node: int) -> list[int]:
 
 def check_survivor_node(job: Job, node: int, lost: list[int]) -> None:
     """Node ``node``'s launcher prefixed its workers' lines with their ranks (its own only),
-    and its summary names a rank of its own as the root cause, whose error names a lost rank.
-
-    (Its note "... which runs on another node" comes only when the first rank that error
-    names is elsewhere; "rank 0 abandoned all_reduce #8: rank 2 ..." names a neighbour first.)
+    and its summary names a lost rank as the root cause, on another node, seen by a rank of its
+    own whose error names a lost rank (through a neighbour's or a survivor's account, as in
+    "rank 0 abandoned all_reduce #8: rank 2 ...", or directly).
     """
     stderr = job.nodes[node].stderr
     prefixes = {int(r) for r in re.findall(r"^\[rank (\d+)\]:", stderr, re.M)}
     assert prefixes and prefixes <= set(ranks_of(job, node)), (prefixes, job.report())
-    root = re.search(r"^Root cause: rank (\d+)", stderr, re.M)
-    assert root is not None and int(root.group(1)) in ranks_of(job, node), job.report()
+    root = re.search(r"^Root cause: rank (\d+) \(on another node; ", stderr, re.M)
+    assert root is not None and int(root.group(1)) in lost, job.report()
+    seen_by = re.search(r"^  seen by +: rank (\d+) \(", stderr, re.M)
+    assert seen_by is not None and int(seen_by.group(1)) in ranks_of(job, node), job.report()
     error = re.search(r"^  error +: (.*)$", stderr, re.M)
     assert error is not None and "DistNetworkError" in error.group(1), job.report()
     assert any(f"rank {r}" in error.group(1) for r in lost), (lost, error.group(1))
@@ -147,8 +148,14 @@ def test_a_rank_failing_on_another_host_is_the_root_cause(make_bed: MakeBed, tmp
     assert re.search(r"^Root cause: rank 3\b", failing, re.M), job.report()
     assert re.search(r"^  exit +: exit code 1$", failing, re.M), job.report()
     survivor = job.nodes[0].stderr
-    root = re.search(r"^Root cause: rank ([01])\b", survivor, re.M)
-    assert root is not None, job.report()
+    # Ranks 0 and 1 only saw rank 3 fail: their launcher names rank 3, not one of them.
+    assert re.search(
+        r"^Root cause: rank 3 \(on another node; the errors? of ranks? [01](, 1)? leads? to it\)$",
+        survivor,
+        re.M,
+    ), job.report()
+    assert re.search(r"^  seen by +: rank [01] \(local_rank [01], node 0, ", survivor, re.M), job.report()
+    assert "on its own" not in survivor.split("Other workers on this node")[0], job.report()
     error = re.search(r"^  error +: (.*)$", survivor, re.M)
     assert error is not None, job.report()
     assert "rank 3 exited with an uncaught exception (ValueError: rank 3 fails on purpose" in error.group(1)

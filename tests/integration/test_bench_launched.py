@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -169,6 +170,29 @@ def test_two_nodes_two_ranks_each_sync_face_as_a_module(tmp_path: Path) -> None:
     assert [r["local_rank"] for r in job["ranks"]] == [0, 1, 0, 1]
     assert "4 ranks on 2 hosts x 2 ranks" in node0.stdout
     assert "### 4 ranks (2 hosts x 2 ranks)" in md.read_text()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not HAVE_TORCH, reason="gloo comes with torch")
+@pytest.mark.skipif(not Path(BENCH).exists(), reason="the aiodist-bench console script is not installed")
+def test_sync_face_beside_gloo_run_as_the_installed_command(tmp_path: Path) -> None:
+    """The sync face's init, where torch is imported, would give torch.distributed a default group
+    (AIODIST_TORCH_DEFAULT_GROUP=auto, the default); the bench keeps it for its gloo comparison,
+    which a launched rank starts after aiodist. Launched as the docs show: --no-python aiodist-bench."""
+    out = tmp_path / "bench.json"
+    command = ["--no-python", "aiodist-bench", *TINY, "--no-latency", "--faces", "sync", "--compare", "gloo"]
+    proc = launch(
+        ["--standalone", "--nproc-per-node", "2", *command, "--json", str(out)],
+        tmp_path,
+        timeout=100,
+        PATH=os.pathsep.join([str(Path(BENCH).parent), os.environ.get("PATH", "")]),
+        AIODIST_TORCH_DEFAULT_GROUP="auto",  # what a user has, whatever this test run exported
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "beside torch gloo (same processes, alternating)" in proc.stdout
+    (job,) = json.loads(out.read_text())["jobs"]
+    _check_rows(job, {"aiodist", "gloo"})
+    assert (job["face"], job["nprocs"], job["compare"]) == ("sync", 2, "gloo")
 
 
 @pytest.mark.timeout(60)

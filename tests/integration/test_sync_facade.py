@@ -33,6 +33,7 @@ pytestmark = pytest.mark.timeout(120)
 # name -> why our signature differs from torch's (checked to be exactly these).
 KNOWN_SIGNATURE_DIFFERENCES = {
     "init_process_group": "torch's private `_ranks` parameter is not provided",
+    "new_group": "one keyword-only parameter more, task_check (torch's come first, unchanged)",
 }
 
 # Public functions of torch.distributed that aiodist.sync does not provide (README table).
@@ -85,6 +86,8 @@ def test_signatures_match_torch() -> None:
     assert set(diffs) == set(KNOWN_SIGNATURE_DIFFERENCES), diffs
     ours, theirs = diffs["init_process_group"]
     assert theirs[: len(ours)] == ours and [p[0] for p in theirs[len(ours) :]] == ["_ranks"]
+    ours, theirs = diffs["new_group"]
+    assert ours[: len(theirs)] == theirs and ours[len(theirs) :] == [("task_check", "KEYWORD_ONLY", "None")]
 
 
 def test_every_torch_function_is_provided_or_pinned() -> None:

@@ -255,3 +255,27 @@ def test_asked_for_while_torch_has_a_default_group(monkeypatch: pytest.MonkeyPat
         assert str(td.get_backend()) == "gloo"
     finally:
         td.destroy_process_group()
+
+
+def _torch_subgroup(rank: int, size: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as tdist
+
+    import aiodist.sync as dist
+
+    dist.init_process_group("gloo", timeout=30)
+    pg = tdist.new_group(list(range(size)))  # torch's helper: a group on the "aiodist" backend
+    out: list[Any] = [None] * size
+    dist.all_gather_object(out, {"rank": rank}, group=pg)
+    t = torch.ones(3)
+    dist.all_reduce(t, group=pg)
+    got = {"objects": out, "sum": t.tolist(), "rank": dist.get_rank(pg), "size": dist.get_world_size(pg)}
+    dist.destroy_process_group()
+    return got
+
+
+def test_a_group_made_by_torchs_new_group_works_in_the_sync_face() -> None:
+    """torch's own suite, through aiodist.sync, hands aiodist.sync the groups torch.distributed
+    made (test_all_gather_object_subgroup): they are aiodist's groups underneath."""
+    for rank, got in enumerate(spawn(_torch_subgroup, 2, timeout=90)):
+        assert got == {"objects": [{"rank": 0}, {"rank": 1}], "sum": [2.0] * 3, "rank": rank, "size": 2}, got

@@ -5,10 +5,17 @@ launched job refuses. Pure functions: no process, no socket."""
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
 
 import pytest
 
+from aiodist._launcher.config import parse_config
 from aiodist.bench import cli as bench
+from aiodist.bench import worker
 from aiodist.bench.hosts import choose_master_address, describe_hosts, placement
 from aiodist.bench.launched import measured_options, options_differ, refusal
 from aiodist.bench.launchers import Launch, LaunchError, detect_launch, tasks_on_node
@@ -174,3 +181,88 @@ def test_every_rank_must_measure_what_rank_0_measures() -> None:
     assert why.startswith(
         "rank 2 was given other options than rank 0: sizes [4] (rank 0: [4, 4096]); compare False"
     )
+
+
+# -- how the bench is launched: aiodist-run's command line, the sync face's init -----------------
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent  # where the aiodist-bench console script is installed
+
+
+@pytest.fixture
+def bench_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not (BIN / "aiodist-bench").exists():
+        pytest.skip("the aiodist-bench console script is not installed next to this interpreter")
+    monkeypatch.setenv("PATH", os.pathsep.join([str(BIN), os.environ.get("PATH", "")]))
+
+
+def _worker_argv(argv: list[str]) -> list[str]:
+    return parse_config(argv, prog="aiodist.run").command(1)
+
+
+@pytest.mark.usefixtures("bench_on_path")
+def test_the_installed_command_runs_with_no_python_and_the_module_with_m(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    launcher = ["--standalone", "--nproc-per-node", "2"]
+    bench_args = ["--faces", "sync", "--compare", "gloo"]
+    # The console script, exec'd from PATH as it is (torchrun's --no-python, either spelling).
+    installed = _worker_argv([*launcher, "--no-python", "aiodist-bench", *bench_args])
+    assert installed == ["aiodist-bench", *bench_args]
+    assert _worker_argv([*launcher, "--no_python", "aiodist-bench"]) == ["aiodist-bench"]
+    # The module, under the launcher's own interpreter (unbuffered, for the relay).
+    module = [sys.executable, "-u", "-m", "aiodist.bench", *bench_args]
+    assert _worker_argv([*launcher, "-m", "aiodist.bench", *bench_args]) == module
+    assert _worker_argv([*launcher, "--module", "aiodist.bench", *bench_args]) == module
+    # Without either, the name is a Python file, as under torchrun: refused, with the way out.
+    with pytest.raises(SystemExit) as exc:
+        parse_config([*launcher, "aiodist-bench", *bench_args], prog="aiodist.run")
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "aiodist-bench: no such file (the script each worker would run)" in err
+    assert "aiodist-bench is a command on PATH: run it with --no-python aiodist-bench" in err
+
+
+def _documented_bench_launches() -> list[tuple[str, list[str]]]:
+    """Every ``aiodist-run ... aiodist-bench``/``aiodist.bench`` command the docs show, as argv."""
+    found: list[tuple[str, list[str]]] = []
+    for name in ("README.md", "BENCHMARKS.md", "aiodist/bench/cli.py"):
+        # Join continued lines (cli.py's epilog writes its backslash doubled).
+        text = re.sub(r"\\\\?\n\s*", " ", (REPO / name).read_text())
+        for line in text.splitlines():
+            start = line.find("aiodist-run --")  # a command, not prose naming it
+            command = line[start:].split("`")[0] if start >= 0 else ""
+            if "aiodist-bench" not in command and "aiodist.bench" not in command:
+                continue
+            argv = shlex.split(command, comments=True)[1:]
+            found.append((name, ["0" if arg == "K" else arg for arg in argv]))  # K: the node rank
+    return found
+
+
+@pytest.mark.usefixtures("bench_on_path")
+def test_the_documented_launches_of_the_bench_parse() -> None:
+    launches = _documented_bench_launches()
+    assert {name for name, _ in launches} == {"README.md", "BENCHMARKS.md", "aiodist/bench/cli.py"}
+    for name, argv in launches:
+        try:
+            cfg = parse_config(argv, prog="aiodist.run")
+        except SystemExit:
+            pytest.fail(f"{name}: aiodist-run {shlex.join(argv)} is refused")
+        runs_the_bench = (("aiodist-bench",), (sys.executable, "-u", "-m", "aiodist.bench"))
+        assert cfg.program in runs_the_bench, (name, argv)
+
+
+def test_the_sync_face_init_leaves_torchs_default_group_to_gloo(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With torch imported, aiodist.sync's init would take torch's default group (see
+    # aiodist.sync._torch_default), which the gloo comparison needs; the bench opts out for
+    # that call only, whatever the user exported, and puts the user's setting back.
+    var = "AIODIST_TORCH_DEFAULT_GROUP"
+    monkeypatch.setenv(var, "1")
+    with worker._torch_default_group_left_alone():
+        assert os.environ[var] == "0"
+    assert os.environ[var] == "1"
+    monkeypatch.delenv(var)
+    with pytest.raises(RuntimeError), worker._torch_default_group_left_alone():
+        assert os.environ[var] == "0"
+        raise RuntimeError("the init failed")
+    assert var not in os.environ

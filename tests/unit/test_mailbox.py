@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from aiodist.transport.base import COLL, P2P, Mailbox
+from aiodist.transport.base import COLL, DISCARD, P2P, Mailbox
 
 KEY = (0, COLL, 5)
 
@@ -38,3 +38,32 @@ async def test_abandon_and_floor_drop_what_their_keys_hold() -> None:
     box2, drained2 = _held_mailbox()
     box2.set_floor(0, 6)  # collectives below 6 are settled; point-to-point is not numbered
     assert box2.unexpected_bytes == 50 and drained2[-1:] == [50]
+
+
+async def test_a_withdrawn_message_puts_its_receive_back_first_in_line() -> None:
+    """The sender withdrew the message a receive had matched (its send failed): the receive
+    waits again ahead of those posted after it, so the sender's retry fills it."""
+    box = Mailbox(0, asyncio.get_running_loop(), unexpected_cap=1 << 20)
+    key = (0, P2P, 0)
+    first, second = bytearray(3), bytearray(3)
+    f1 = box.post(1, key, memoryview(first), ["send"])
+    f2 = box.post(1, key, memoryview(second), ["send"])
+    matched = box.match(1, key, 3, ["send"])
+    assert matched is not None and matched is not DISCARD and matched.future is f1
+    box.repost(matched)  # withdrawn
+    box.deliver(1, key, ["send"], memoryview(b"abc"), owned=False)  # the retry
+    box.deliver(1, key, ["send"], memoryview(b"def"), owned=False)
+    assert (await f1, await f2) == (1, 1)
+    assert bytes(first) == b"abc" and bytes(second) == b"def"
+
+
+async def test_a_reposted_receive_takes_a_message_held_meanwhile() -> None:
+    box = Mailbox(0, asyncio.get_running_loop(), unexpected_cap=1 << 20)
+    key = (0, P2P, 0)
+    buf = bytearray(2)
+    fut = box.post(None, key, memoryview(buf), ["send"])
+    matched = box.match(2, key, 2, ["send"])
+    box.deliver(3, key, ["send"], memoryview(b"zz"), owned=False)  # held: no receive posted
+    assert matched is not None and matched is not DISCARD
+    box.repost(matched)
+    assert await fut == 3 and bytes(buf) == b"zz" and box.unexpected_bytes == 0

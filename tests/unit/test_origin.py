@@ -167,3 +167,82 @@ def test_a_disagreement_names_the_tasks_only_where_they_differ() -> None:
     unnamed = ["all_reduce", 3, "float32", 4, -1, "SUM", ""]
     assert "from the main thread or an unnamed one: " in describe_disagreement(0, theirs, 1, unnamed)
     assert OpFingerprint.from_wire(["barrier", 0, "", 0, -1, None]) == OpFingerprint("barrier", 0)
+
+
+def test_executor_workers_are_unnamed() -> None:
+    """Executors number their workers per process (one rank may have made one more): no name."""
+    import concurrent.futures
+
+    def name_of() -> str:
+        origin.mark_thread()
+        return origin.current()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        assert contextvars.copy_context().run(lambda: pool.submit(name_of).result()) == ""
+
+
+def test_auto_task_check_sees_a_race_only_where_names_show_one() -> None:
+    book = origin.OriginBook("auto")
+    book.note("main/publish[0]")
+    # different coroutines (roles), threads named after their rank or role: no race
+    assert not book.clash("main/publish[0]", "main/listen[0]")
+    assert not book.clash("thread comm-rank0", "thread comm-rank1")
+    assert not book.clash("thread learner", "thread actor")
+    # tasks of one coroutine started by one parent: siblings, always compared
+    assert book.clash("main/worker[0]", "main/worker[1]")
+    assert book.clash("main/worker[0]/step[2]", "main/worker[1]/step[2]")
+    assert not book.clash("main/worker[0]", "main/worker[0]")
+    # a task or thread that started collectives on this group here too: the same program
+    book.note("main/listen[0]")
+    assert book.clash("main/publish[0]", "main/listen[0]")
+    # threads whose names differ in their numbers: compared when the other one runs here too
+    done = threading.Event()
+    th = threading.Thread(target=done.wait, name="worker-1")
+    th.start()
+    try:
+        assert book.clash("thread worker-0", "thread worker-1")
+        assert not book.clash("thread worker-0", "thread worker-7")
+    finally:
+        done.set()
+        th.join()
+
+
+def test_strict_and_off_task_checks() -> None:
+    strict, off = origin.OriginBook("strict"), origin.OriginBook("off")
+    assert strict.clash("main/publish[0]", "main/listen[0]")
+    assert not off.clash("main/worker[0]", "main/worker[1]")
+    assert not strict.clash("main", "main")
+    try:
+        origin.OriginBook("sometimes")
+    except ValueError as exc:
+        assert "'auto', 'strict', 'off'" in str(exc)
+    else:
+        raise AssertionError("an unknown task_check was accepted")
+
+
+def test_every_member_judges_a_detail_table_alike() -> None:
+    """DETAIL slots carry the hashes of the origins each member's group has seen, so a member
+    that never ran the other's task still sees the race the other one saw."""
+    h = origin.origin_hash
+    a, b = origin.OriginBook("auto"), origin.OriginBook("auto")
+    a.note("main/load")
+    a.note("main/train")
+    b.note("main/train")
+    table = {0: ("main/load", a.hashes()), 1: ("main/train", b.hashes())}
+    assert a.clash_in(table, 0) and b.clash_in(table, 1)
+    roles = {0: ("main/publish[0]", [h("main/publish[0]")]), 1: ("main/listen[0]", [h("main/listen[0]")])}
+    assert not a.clash_in(roles, 0) and not b.clash_in(roles, 1)
+
+
+def test_task_check_from_the_environment(monkeypatch: Any) -> None:
+    monkeypatch.setenv("AIODIST_TASK_CHECK", "Strict")
+    assert origin.task_check_from_env() == "strict"
+    monkeypatch.setenv("AIODIST_TASK_CHECK", "")
+    assert origin.task_check_from_env() == "auto"
+    monkeypatch.setenv("AIODIST_TASK_CHECK", "maybe")
+    try:
+        origin.task_check_from_env()
+    except ValueError as exc:
+        assert "AIODIST_TASK_CHECK" in str(exc)
+    else:
+        raise AssertionError("a bad AIODIST_TASK_CHECK was accepted")

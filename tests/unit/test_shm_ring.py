@@ -21,6 +21,7 @@ from aiodist.wire.frames import ProtocolError
 from aiodist.wire.shm import (
     DATA,
     DESC,
+    DROP,
     MORE,
     PART,
     ShmAccept,
@@ -207,7 +208,8 @@ def test_record_headers() -> None:
     assert (d.kind, d.key, d.nbytes, d.pid, d.addr) == (DESC, (1, 0, 5), 1 << 26, 42, 4096)
     assert decode_record_header([PART, 1, 1, 3, None, 1000], 256).nbytes == 1000
     assert decode_record_header([MORE], 256).kind == MORE
-    for bad in ([DATA, 1, 0], [DESC, 1, 0, 5, None, 10, 1, 2], [PART, 1, 0, 5, None, 10], [9, 1, 2, 3, None]):
+    assert decode_record_header([DROP], 0).kind == DROP
+    for bad in ([DATA, 1, 0], [DESC, 1, 0, 5, None, 10, 1, 2], [PART, 1, 0, 5, None, 10], [9, 1, 2, 3, None], [DROP, 1]):
         with pytest.raises(ProtocolError):
             decode_record_header(bad, 100 if bad[0] != DESC else 3)
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from aiodist.wire import FrameReader, Limits, ProtocolError, encode_frame
 from aiodist.wire import handshake as hs
-from aiodist.wire.frames import PREFIX
+from aiodist.wire.frames import PREFIX, SKIP
 
 
 def _frames() -> tuple[bytes, list[tuple[Any, bytes]]]:
@@ -38,6 +38,17 @@ class Collector:
 
     def on_frame(self, header: Any, payload: memoryview) -> None:
         self.frames.append((header, bytes(payload)))
+
+
+class Skipper(Collector):
+    def __init__(self, into_buffers: bool, skip: set[int]) -> None:
+        super().__init__(into_buffers)
+        self.skip = skip
+        self.seen = 0
+
+    def on_header(self, header: Any, n: int) -> memoryview | None:
+        self.seen += 1
+        return SKIP if self.seen - 1 in self.skip else super().on_header(header, n)
 
 
 @pytest.mark.parametrize("into_buffers", [False, True])
@@ -95,6 +106,47 @@ def test_payload_lands_in_posted_buffer_without_scratch() -> None:
         pos += n
     assert got == [["x"]] and bytes(sink) == payload
     assert direct > 0
+
+
+@pytest.mark.parametrize("into_buffers", [False, True])
+def test_skipped_payloads_are_read_and_dropped_at_every_split(into_buffers: bool) -> None:
+    """SKIP reads a payload without a buffer of its size; the frames around it are intact."""
+    data, msgs = _frames()
+    skip = {2, 4}  # frames whose payload nobody wants
+    want = [(h, b"" if i in skip else p) for i, (h, p) in enumerate(msgs)]
+    for cut in range(0, len(data) + 1, 7):
+        c = Skipper(into_buffers, skip)
+        r = FrameReader(c.on_header, c.on_frame, scratch_size=64)
+        r.feed(data[:cut])
+        r.feed(data[cut:])
+        assert c.frames == want, f"split at {cut}"
+
+
+@pytest.mark.parametrize("to", ["buffer", "nowhere"])
+def test_a_payload_redirected_midway_keeps_what_came_and_sends_the_rest_on(to: str) -> None:
+    """A receive abandoned while its payload streams in: the rest goes elsewhere (a held buffer,
+    with the first part copied into it) or nowhere; its first buffer gets nothing more."""
+    payload = os.urandom(100_000)
+    first, second = bytearray(len(payload)), bytearray(len(payload))
+    got: list[bytes] = []
+    r = FrameReader(
+        lambda h, n: memoryview(first) if n == len(first) else None,
+        lambda h, p: got.append(bytes(p)),
+        scratch_size=4096,
+    )
+    data = encode_frame(["x"], len(payload)) + payload + encode_frame(["after"], 3) + b"abc"
+    half = len(data) // 2
+    r.feed(data[:half])
+    assert r.receiving_payload
+    before = bytes(first)
+    r.redirect(memoryview(second) if to == "buffer" else None)
+    r.feed(data[half:])
+    assert bytes(first) == before  # nothing more landed in the abandoned receive's buffer
+    if to == "buffer":
+        assert got[0] == payload and bytes(second) == payload
+    else:
+        assert got[0] == b""
+    assert got[1] == b"abc"
 
 
 def test_mid_frame_reported() -> None:

@@ -27,13 +27,17 @@ from aiodist.wire.messages import (
     KIND_BYE,
     KIND_CTRL,
     KIND_DATA,
+    KIND_DATA_PENDING,
     KIND_MISMATCH,
+    KIND_VERDICT,
     Abort,
     Bye,
     ControlFrame,
     Data,
     Mismatch,
     PeerMessage,
+    ShmFrame,
+    Verdict,
     decode,
     encode,
     encode_data,
@@ -48,6 +52,9 @@ MESSAGES: list[tuple[PeerMessage, bytes]] = [
     (Data((3, 0, 17), FP), b"x" * 40),
     (Data((3, 1, 0), P2P_FP), b"y" * 3),
     (Data((0, 2, 4), None), b""),
+    (Data((3, 1, 2), P2P_FP, True), b"w" * 50),  # pending: a verdict follows
+    (Verdict(True), b""),
+    (Verdict(False), b""),
     (Mismatch((3, 0, 17), FP, ["all_reduce", 5, "float32", 1023, -1, "SUM"]), b""),
     (Mismatch((1, 1, 0), None, P2P_FP), b""),
     (Abort((3, 0, 17), "rank 2 closed its connection", "network"), b""),
@@ -152,6 +159,9 @@ MALFORMED: dict[str, tuple[Any, int]] = {
     "control-bad-status": ([KIND_CTRL, 0, 0, 0, ["r", 3, 7, 12, 99, STATE.encode()]], 0),
     "control-long-text": ([KIND_CTRL, 0, 0, 0, ["bye", "x" * 3000, "", ""]], 0),
     "control-many-outcomes": ([KIND_CTRL, 0, 0, 0, ["s", 3, 2, [9, 0, 0, [DONE] * 65]]], 0),
+    "verdict-not-bool": ([KIND_VERDICT, 0, 0, 0, 1], 0),
+    "verdict-with-payload": ([KIND_VERDICT, 0, 0, 0, True], 4),
+    "pending-bad-fingerprint": ([KIND_DATA_PENDING, 1, 1, 0, "x"], 8),
     "unknown-kind": ([99, 0, 0, 0, None], 0),
     "negative-kind": ([-1, 0, 0, 0, None], 0),
 }
@@ -170,7 +180,7 @@ _values = st.recursive(_leaves, lambda kids: st.lists(kids, max_size=6), max_lea
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(
-        st.sampled_from([KIND_DATA, KIND_MISMATCH, KIND_ABORT, KIND_BYE, KIND_CTRL, 5]) | _values,
+        st.sampled_from([KIND_DATA, KIND_MISMATCH, KIND_ABORT, KIND_BYE, KIND_CTRL, 5, 6, 7]) | _values,
         min_size=5,
         max_size=5,
     ).map(lambda h: [*h[:1], h[1] if isinstance(h[1], int) else 0, 0, 0, *h[4:]])
@@ -182,7 +192,7 @@ def test_any_header_decodes_or_is_a_protocol_error(header: Any, nbytes: int) -> 
         msg = decode(header, nbytes)
     except ProtocolError:
         return
-    assert isinstance(msg, Data | Mismatch | Abort | Bye | ControlFrame)
+    assert isinstance(msg, Data | Mismatch | Abort | Bye | ControlFrame | ShmFrame | Verdict)
 
 
 def _stream() -> bytes:
