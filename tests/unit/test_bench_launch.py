@@ -226,7 +226,7 @@ def test_the_installed_command_runs_with_no_python_and_the_module_with_m(
 def _documented_bench_launches() -> list[tuple[str, list[str]]]:
     """Every ``aiodist-run ... aiodist-bench``/``aiodist.bench`` command the docs show, as argv."""
     found: list[tuple[str, list[str]]] = []
-    for name in ("README.md", "BENCHMARKS.md", "aiodist/bench/cli.py"):
+    for name in ("docs/guide.md", "BENCHMARKS.md", "aiodist/bench/cli.py"):
         # Join continued lines (cli.py's epilog writes its backslash doubled).
         text = re.sub(r"\\\\?\n\s*", " ", (REPO / name).read_text())
         for line in text.splitlines():
@@ -242,7 +242,7 @@ def _documented_bench_launches() -> list[tuple[str, list[str]]]:
 @pytest.mark.usefixtures("bench_on_path")
 def test_the_documented_launches_of_the_bench_parse() -> None:
     launches = _documented_bench_launches()
-    assert {name for name, _ in launches} == {"README.md", "BENCHMARKS.md", "aiodist/bench/cli.py"}
+    assert {name for name, _ in launches} == {"docs/guide.md", "BENCHMARKS.md", "aiodist/bench/cli.py"}
     for name, argv in launches:
         try:
             cfg = parse_config(argv, prog="aiodist.run")

@@ -1,6 +1,6 @@
 """Imports only point down: no module of aiodist imports one from a layer above its own.
 
-The table below is the layering (lowest first); the README shows it to readers ("Layout and
+The table below is the layering (lowest first); docs/development.md shows it to readers ("Layout and
 layers", checked against this one below). A module
 belongs to the layer of the longest prefix naming it. Modules of one layer may import each other.
 Every import counts, including those inside functions and under ``TYPE_CHECKING``: a lazy import
@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "aiodist"
 
-# Lowest first. The README's table ("Layout and layers") must name the same modules per layer.
+# Lowest first. The table of docs/development.md ("Layout and layers") must name the same modules per layer.
 LAYERS: list[tuple[str, ...]] = [
     ("aiodist.errors",),
     ("aiodist.ops", "aiodist._docs", "aiodist.wire", "aiodist.runtime"),
@@ -116,8 +116,8 @@ def test_every_module_has_a_layer() -> None:
 
 
 def _readme_layers() -> list[set[str]]:
-    """The modules each row of the README's layer table names, lowest layer first."""
-    text = (ROOT.parent / "README.md").read_text(encoding="utf-8")
+    """The modules each row of the layer table of docs/development.md names, lowest layer first."""
+    text = (ROOT.parent / "docs" / "development.md").read_text(encoding="utf-8")
     table = text[text.index("| layer | modules | what it may use |") :].split("\n\n", 1)[0]
     rows = []
     for line in table.splitlines()[2:]:
