@@ -107,17 +107,12 @@ THREADS = textwrap.dedent(
 
 RACE = textwrap.dedent(
     """
-    import sys, threading
+    import datetime, threading
     import torch
+    import torch.distributed as dist
+    import aiodist.torch
 
-    if sys.argv[1] == "backend":
-        import datetime
-        import aiodist.torch
-        import torch.distributed as dist
-        dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=30))
-    else:
-        import aiodist.sync as dist
-        dist.init_process_group("gloo", timeout=30)
+    dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=30))
     rank, size = dist.get_rank(), dist.get_world_size()
     outcomes, lock = [], threading.Lock()
     rounds = 12
@@ -179,10 +174,11 @@ def test_threads_named_per_rank_or_numbered_per_process_run(tmp_path: Path, face
     assert results == ["RESULT ['ok']"] * 2, results
 
 
-@pytest.mark.parametrize("face", ["sync", "backend"])
-def test_threads_racing_on_one_group_get_a_mismatch_never_each_others_data(tmp_path: Path, face: str) -> None:
+def test_threads_racing_on_torchs_api_get_a_mismatch_never_each_others_data(tmp_path: Path) -> None:
+    """On the torch backend (the blocking face's threads race in
+    tests/integration/test_tasks_sharing_a_group.py, and tasks in its memory twin)."""
     pytest.importorskip("torch")
-    results = _results(tmp_path, RACE, [face], 2)
+    results = _results(tmp_path, RACE, [], 2)
     for line in results:
         assert "wrong" not in line and "error" not in line, results
         assert "mismatch" in line and "ok" in line, results

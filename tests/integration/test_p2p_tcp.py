@@ -222,3 +222,34 @@ def test_a_refused_message_fails_the_send_too(shm: str, count: int) -> None:
         assert any(both in line for line in r0["logged"]), r0
     if count == 4 and shm == "0":
         assert "next" in r0, r0  # a small send completes once queued; TCP keeps the order
+
+
+async def _tags_out_of_range(rank: int, size: int) -> list[str]:
+    await dist.init_process_group("tcp", "env://", timeout=30)
+    said = []
+    for tag in (2**64, -(2**63) - 1):
+        try:
+            if rank == 0:
+                dist.send(np.ones(1), 1, tag=tag)
+            else:
+                dist.recv(np.zeros(1), 0, tag=tag)
+            said.append("accepted")
+        except ValueError as exc:
+            said.append(str(exc))
+    last = np.zeros(1)  # the ends of the range travel
+    if rank == 0:
+        await dist.send(np.ones(1), 1, tag=2**63 - 1)
+    else:
+        await dist.recv(last, 0, tag=2**63 - 1)
+        said.append(str(last[0]))
+    await dist.destroy_process_group()
+    return said
+
+
+def test_tags_beyond_64_bits_are_refused_by_sender_and_receiver() -> None:
+    """A tag no message header can carry: both the send and the receive are refused at the call
+    (the send used to raise a raw OverflowError while the receive waited for its timeout)."""
+    r0, r1 = spawn(_tags_out_of_range, 2, timeout=60)
+    for said in (r0, r1[:2]):
+        assert all("tag must be a signed 64-bit integer" in s for s in said), said
+    assert r1[2] == "1.0"
