@@ -72,6 +72,7 @@ bench: $(BENCH_STAMP)
 
 lint: install
 	$(PY) -m ruff check aiodist tests examples
+	$(PY) -m ruff format --check aiodist tests examples
 
 typecheck: install
 	$(PY) -m mypy

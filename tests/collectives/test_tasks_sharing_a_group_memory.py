@@ -109,7 +109,10 @@ async def test_ranks_running_different_tasks_in_a_fixed_order_run_as_under_torch
 async def test_strict_task_check_refuses_differently_named_tasks() -> None:
     import aiodist as dist
 
-    with pytest.raises(dist.CollectiveMismatchError, match=r"from task rank/_roles\.listen\[0\] but rank 0 sent .* from task rank/_roles\.publish\[0\]"):
+    with pytest.raises(
+        dist.CollectiveMismatchError,
+        match=r"from task rank/_roles\.listen\[0\] but rank 0 sent .* from task rank/_roles\.publish\[0\]",
+    ):
         await run_memory_world(3, lambda g: _roles(g, "strict"), timeout=10)
 
 
@@ -147,7 +150,7 @@ async def test_task_check_off_lets_tasks_of_one_coroutine_pair_across_counts() -
 
 @pytest.mark.parametrize("op", ["all_reduce", "broadcast"])
 async def test_task_check_off_matches_by_call_order_alone(op: str) -> None:
-    """"off": torch's behaviour, racing tasks included (the check is the user's to waive)."""
+    """ "off": torch's behaviour, racing tasks included (the check is the user's to waive)."""
 
     async def rank(g: ProcessGroup) -> list[tuple[str, str]]:
         off = ProcessGroup(g.transport, g.ranks, 60, timeout=30, task_check="off")

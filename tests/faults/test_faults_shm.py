@@ -164,7 +164,12 @@ def test_a_receive_in_pieces_fails_at_once_when_its_sender_dies(tmp_path: Path) 
     """The receive matched to the message arriving in pieces is no longer posted: it fails with
     the loss itself, not a second later by the grace given to operations in flight."""
     res = spawn(
-        _kill_sender_mid_pieces, 2, args=(str(tmp_path),), env={"AIODIST_SHM": "copy"}, expect_failure=[0], timeout=60
+        _kill_sender_mid_pieces,
+        2,
+        args=(str(tmp_path),),
+        env={"AIODIST_SHM": "copy"},
+        expect_failure=[0],
+        timeout=60,
     )
     msg = res[1]["msg"]
     assert "rank 0" in msg and "recv from rank 0" in msg, msg

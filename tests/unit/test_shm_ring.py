@@ -209,7 +209,13 @@ def test_record_headers() -> None:
     assert decode_record_header([PART, 1, 1, 3, None, 1000], 256).nbytes == 1000
     assert decode_record_header([MORE], 256).kind == MORE
     assert decode_record_header([DROP], 0).kind == DROP
-    for bad in ([DATA, 1, 0], [DESC, 1, 0, 5, None, 10, 1, 2], [PART, 1, 0, 5, None, 10], [9, 1, 2, 3, None], [DROP, 1]):
+    for bad in (
+        [DATA, 1, 0],
+        [DESC, 1, 0, 5, None, 10, 1, 2],
+        [PART, 1, 0, 5, None, 10],
+        [9, 1, 2, 3, None],
+        [DROP, 1],
+    ):
         with pytest.raises(ProtocolError):
             decode_record_header(bad, 100 if bad[0] != DESC else 3)
 
