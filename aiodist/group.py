@@ -427,8 +427,12 @@ class ProcessGroup:
         fut = op.future
         if fut is None or fut.done():
             return
-        if op.cleanup is not None and withdraw:
-            op.cleanup()
+        if withdraw and (op.sent is not None or op.cleanup is not None):
+            if op.sent is not None:  # a pending send takes its message back (nothing delivered)
+                self.transport.cancel_send(op.sent[0], fut)
+            else:
+                assert op.cleanup is not None
+                op.cleanup()
             if fut.done():  # (a send whose message turned out to be the receiver's already)
                 return
         if op.is_task:
@@ -522,12 +526,18 @@ class ProcessGroup:
         fut: asyncio.Future[Any],
         timeout: float | None,
         cleanup: Callable[[], object] | None = None,
+        *,
+        peer: int | None = None,
+        sent: tuple[int, Fingerprint] | None = None,
     ) -> Work:
-        """Track a plain future (a posted receive, a pending send) as an operation."""
+        """Track a plain future (a posted receive, a pending send) as an operation (``peer``: a
+        point-to-point operation's; ``sent``: a send's receiver and fingerprint, see ``_Op``)."""
         if fut.done():
             return Work(fut, name)
         op = _Op(name, key)
         op.cleanup = cleanup
+        op.peer = peer
+        op.sent = sent
         self._track(op, fut, timeout)
         return Work(fut, name)
 
@@ -614,18 +624,11 @@ class ProcessGroup:
         except DistError as exc:
             return b.complete(Work.failed(self.loop, name, exc))
         if isinstance(sent, asyncio.Future):
-            # A send that fails (its timeout, destroy) takes its message back: a program that
-            # sends again must not have it delivered twice (or an older buffer's contents).
-            work = self._watch(
-                name, key, sent, timeout, cleanup=lambda: self.transport.cancel_send(peer, sent)
-            )
-        else:
-            work = self.start(name, key, _await(sent), timeout)
-        op = self._inflight.get(work._future)
-        if op is not None:  # pending: a refusal of its message by the receiver fails it
-            op.sent = (peer, fp)
-            op.peer = peer
-        return b.complete(work)
+            # Pending: a refusal of its message by the receiver fails it, and a failure (its
+            # timeout, destroy) takes its message back (``_fail``), so that a program that
+            # sends again does not have it delivered twice (or an older buffer's contents).
+            return b.complete(self._watch(name, key, sent, timeout, peer=peer, sent=(peer, fp)))
+        return b.complete(self.start(name, key, _await(sent), timeout))
 
     def recv(self, tensor: Any, src: int | None = None, tag: int = 0, timeout: float | None = None) -> Work:
         """Receive into ``tensor`` from global rank ``src`` (None: any member). Result: the sender."""
@@ -643,10 +646,7 @@ class ProcessGroup:
         key = (self.gid, P2P, tag)
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
         fut = self.transport.recv(src, key, byte_view(arr), fp)
-        work = self._watch(name, key, fut, timeout, cleanup=lambda: self.transport.cancel_recv(fut))
-        op = self._inflight.get(work._future)
-        if op is not None:
-            op.peer = src
+        work = self._watch(name, key, fut, timeout, cleanup=lambda: self.transport.cancel_recv(fut), peer=src)
         return b.complete(work)
 
     def batch_isend_irecv(self, p2p_op_list: Sequence[Any]) -> list[Work] | None:

@@ -18,14 +18,13 @@ to rank 0 through aiodist itself).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import gc
 import os
 import threading
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -346,34 +345,13 @@ async def join_aiodist(cfg: JobConfig, timeout: float) -> Runtime:
         return AsyncAiodist(cfg.aiodist_name)
     import aiodist.sync as sd
 
-    with _torch_default_group_left_alone():
-        sd.init_process_group("gloo", "env://", timeout=datetime.timedelta(seconds=timeout))
+    # The bench never uses torch's helpers, and its gloo comparison needs torch's default group
+    # for gloo: a launched rank joins aiodist first (gloo's store port travels over aiodist), so
+    # torch's slot would be taken when gloo's init_process_group comes.
+    sd.init_process_group(
+        "gloo", "env://", timeout=datetime.timedelta(seconds=timeout), torch_default_group="0"
+    )
     return BlockingTorchLike(cfg.aiodist_name, sd, use_torch=have_torch())
-
-
-@contextlib.contextmanager
-def _torch_default_group_left_alone() -> Iterator[None]:
-    """The sync face's init without giving torch.distributed a default group of its own.
-
-    With torch imported, ``aiodist.sync.init_process_group`` also makes torch's default group
-    (``AIODIST_TORCH_DEFAULT_GROUP``, ``auto`` by default) unless torch has one already. The
-    bench never uses torch's helpers, and its gloo comparison needs torch's default group for
-    gloo: a launched rank joins aiodist first (gloo's store port travels over aiodist), so torch's
-    slot would be taken when gloo's ``init_process_group`` comes. The init reads the variable
-    when called, so the bench sets it to ``0`` for that call only, whatever the user exported,
-    and restores the user's value after it.
-    """
-    from aiodist.sync._torch_default import MODE_VAR  # with the sync face only, as its init is
-
-    saved = os.environ.get(MODE_VAR)
-    os.environ[MODE_VAR] = "0"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(MODE_VAR, None)
-        else:
-            os.environ[MODE_VAR] = saved
 
 
 class Worker:

@@ -145,10 +145,7 @@ async def init_process_group(
     seconds = as_seconds(timeout)
     loop = asyncio.get_running_loop()
     _origin.install(loop)  # collectives carry the name of the task that started them
-    try:
-        task_check = _origin.task_check_from_env()
-    except ValueError as exc:
-        raise DistValueError(str(exc)) from None
+    task_check = _origin.task_check_from_env()
     _busy_poll.for_loop(loop)  # reads AIODIST_BUSY_POLL_US: a bad value fails here, before any rendezvous
     shm_mode_from_env()  # AIODIST_SHM too
     deadline = loop.time() + seconds
@@ -492,7 +489,7 @@ async def new_group(
     """
     w = world()
     check = w.task_check if task_check is None else task_check
-    if check not in _origin.TASK_CHECKS:
+    if check not in _origin.TASK_CHECKS:  # (before any group id is taken)
         raise DistValueError(f"new_group: task_check must be one of 'auto', 'strict', 'off', got {check!r}")
     size = w.default_group.size
     if ranks is None:

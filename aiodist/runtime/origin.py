@@ -46,6 +46,8 @@ import zlib
 from collections.abc import Collection, Coroutine, Generator
 from typing import Any
 
+from aiodist.errors import DistValueError
+
 __all__ = [
     "MAX_NAME",
     "TASK_CHECKS",
@@ -222,7 +224,7 @@ def task_check_from_env() -> str:
     """``AIODIST_TASK_CHECK``: the default ``task_check`` of a job's groups ("auto")."""
     raw = os.environ.get("AIODIST_TASK_CHECK", "").strip().lower() or "auto"
     if raw not in TASK_CHECKS:
-        raise ValueError(f"AIODIST_TASK_CHECK must be one of {', '.join(TASK_CHECKS)}, got {raw!r}")
+        raise DistValueError(f"AIODIST_TASK_CHECK must be one of {', '.join(TASK_CHECKS)}, got {raw!r}")
     return raw
 
 
@@ -254,7 +256,9 @@ class OriginBook:
 
     def __init__(self, check: str = "auto") -> None:
         if check not in TASK_CHECKS:
-            raise ValueError(f"task_check must be one of {', '.join(map(repr, TASK_CHECKS))}, got {check!r}")
+            raise DistValueError(
+                f"task_check must be one of {', '.join(map(repr, TASK_CHECKS))}, got {check!r}"
+            )
         self.check = check
         self.names: dict[str, int] = {}  # name -> hash, in order of first use (bounded)
 

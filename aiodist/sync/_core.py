@@ -285,6 +285,8 @@ def init_process_group(
     group_name: str = "",
     pg_options: Any = None,
     device_id: Any = None,
+    *,
+    torch_default_group: str | None = None,
 ) -> None:
     """Join the job (blocking ``aiodist.init_process_group``) with torch's signature and defaults.
 
@@ -301,11 +303,14 @@ def init_process_group(
         device_id: this rank's CUDA device (see ``aiodist.init_process_group``).
         pg_options: must be None: aiodist's backends take no backend options (torch's
             ``ProcessGroupNCCL.Options`` and the like are refused rather than ignored).
+        torch_default_group: "auto", "1" or "0": whether torch.distributed gets this job as its
+            default group too (below); None: ``AIODIST_TORCH_DEFAULT_GROUP``, else "auto".
 
     In a program that has imported torch, ``torch.distributed`` gets the same default group too
     (on the "aiodist" backend, over this job's connections), for torch's helpers such as
-    ``DistributedSampler``; ``AIODIST_TORCH_DEFAULT_GROUP`` (auto, 1, 0) decides (see
-    ``aiodist.sync._torch_default``), and ``destroy_process_group`` destroys it.
+    ``DistributedSampler``; ``torch_default_group`` or ``AIODIST_TORCH_DEFAULT_GROUP`` (auto,
+    1, 0) decides (see ``aiodist.sync._torch_default``), and ``destroy_process_group`` destroys
+    it. (A program that makes torch's default group itself, say for gloo, passes "0".)
 
     Raises:
         DistTimeoutError: the rendezvous did not complete in time (names the missing ranks).
@@ -316,7 +321,7 @@ def init_process_group(
     global _backend_name
     _refuse_pg_options("init_process_group", pg_options)
     name = _backend_for_cpu(backend)
-    for_torch = _torch_default.mode()  # a bad value fails before the rendezvous
+    for_torch = _torch_default.mode(torch_default_group)  # a bad value fails before the rendezvous
     run(
         _world.init_process_group(
             name,

@@ -28,15 +28,19 @@ _MODES = ("auto", "1", "0")
 _torch_group: Any = None
 
 
-def mode() -> str:
-    """``AIODIST_TORCH_DEFAULT_GROUP`` (``auto`` when unset).
+def mode(given: str | None = None) -> str:
+    """``given`` (``init_process_group``'s ``torch_default_group``), else
+    ``AIODIST_TORCH_DEFAULT_GROUP`` (``auto`` when unset).
 
     Raises:
         DistValueError: a value other than auto, 1 or 0.
     """
-    value = os.environ.get(MODE_VAR, "").strip().lower() or "auto"
+    if given is not None:
+        value, source = str(given).strip().lower(), "torch_default_group"
+    else:
+        value, source = os.environ.get(MODE_VAR, "").strip().lower() or "auto", MODE_VAR
     if value not in _MODES:
-        raise DistValueError(f"{MODE_VAR}={value!r}: use auto, 1 or 0")
+        raise DistValueError(f"{source}={value!r}: use auto, 1 or 0")
     return value
 
 

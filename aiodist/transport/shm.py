@@ -204,6 +204,7 @@ class _Link:
         self.read_recv: PendingRecv | None = None  # the receive a single-copy read fills
         self.read_dst: memoryview | None = None  # where it copies to (moved when the receive is withdrawn)
         self.read_held = False  # read_dst is a held buffer (counted under the unexpected cap)
+        self.read_upto = 0  # bytes of it copied so far
         self.read_key: Key = (0, 0, 0)
         self.read_dropped = False  # its operation was abandoned: stop, drop what was read
         self.descs_read = 0  # descriptors taken from ``inp`` (the next one's number)
@@ -569,6 +570,7 @@ class _Link:
         self.busy = True
         self.read_recv = recv
         self.read_dst = dst
+        self.read_upto = 0
         self.read_held = recv is None  # (reserved under the cap)
         self.read_key = key
         self.read_dropped = False
@@ -591,19 +593,19 @@ class _Link:
                     break  # nobody wants the rest: the operation was abandoned here, or the send
                 end = min(n, start + CMA_CHUNK)
                 cma_read(pid, addr + start, self.read_dst[start:end])
+                self.read_upto = end
                 if end < n:
                     await asyncio.sleep(0)  # keep the loop responsive during a big read
-            else:
-                if not self.read_dropped:
-                    # Claim it, then look whether the writer took it back (the handshake of
-                    # shm_segment): with no withdrawal seen, it is ours.
-                    self._ack()
-                    fence()
-                    if int(inp.words[withdrawn]) != d + 1 or await self._verdict(d):
-                        self._delivered(fp)
-                        return
+            else:  # (read whole: nothing could change since the last look, no await came between)
+                # Claim it, then look whether the writer took it back (the handshake of
+                # shm_segment): with no withdrawal seen, it is ours.
+                self._ack()
+                fence()
+                if int(inp.words[withdrawn]) != d + 1 or await self._verdict(d):
+                    self._delivered(fp)
+                else:
                     self._undelivered()
-                    return
+                return
             if not self.read_dropped:
                 # Taken back before we were done: no claim until its verdict, which then says
                 # "withdrawn" (there was no claim); the claim frees its slot.
@@ -690,7 +692,7 @@ class _Link:
         recv, dst = self.read_recv, self.read_dst
         if recv is not None and recv.future is fut and dst is not None:
             # (between two chunks: the reader task resumes with the new destination)
-            self.read_dst = _held_copy(dst, dst.nbytes)
+            self.read_dst = _held_copy(dst, self.read_upto)
             self.read_recv, self.read_held = None, True
             self.paths.reserve(dst.nbytes)
 

@@ -5,8 +5,9 @@ Both sides of the contract, in real processes, on both faces and on the torch ba
 * programs whose ranks run different code, each task or thread alone on a group in a fixed
   order (a learner and its actors as different coroutines, threads named after their rank or
   role, executors numbered differently on each rank) run as they do under torch and gloo;
-* threads of one program racing on one group (each rank scheduling them differently) raise
-  ``CollectiveMismatchError`` rather than hand a thread another's data.
+* tasks or threads of one program racing on one group (each rank scheduling them differently)
+  raise ``CollectiveMismatchError`` rather than hand one another's data: that side is in
+  tests/integration/test_tasks_sharing_a_group.py (tasks, the sync face's threads, torch's API).
 """
 
 from __future__ import annotations
@@ -105,52 +106,6 @@ THREADS = textwrap.dedent(
     """
 )
 
-RACE = textwrap.dedent(
-    """
-    import datetime, threading
-    import torch
-    import torch.distributed as dist
-    import aiodist.torch
-
-    dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=30))
-    rank, size = dist.get_rank(), dist.get_world_size()
-    outcomes, lock = [], threading.Lock()
-    rounds = 12
-    turns = [[threading.Event() for _ in range(2)] for _ in range(rounds)]
-
-    def order(i):  # every third round, rank 1 starts the workers in the other order
-        return [0, 1] if (i + rank * (i % 3 == 0)) % 2 == 0 else [1, 0]
-
-    def worker(k):
-        for i in range(rounds):
-            turns[i][k].wait(30)
-            t = torch.full((4,), 1000.0 * (k + 1) + rank)
-            work = dist.all_reduce(t, async_op=True)
-            if order(i)[0] == k:
-                turns[i][order(i)[1]].set()
-            elif i + 1 < rounds:
-                turns[i + 1][order(i + 1)[0]].set()
-            try:
-                work.wait()
-            except RuntimeError as exc:
-                with lock:
-                    outcomes.append("mismatch" if "expected" in str(exc) else f"error {exc}")
-                continue
-            want = sum(1000.0 * (k + 1) + q for q in range(size))
-            with lock:
-                outcomes.append("ok" if bool((t == want).all()) else "wrong")
-
-    threads = [threading.Thread(target=worker, args=(k,), name=f"worker-{k}") for k in range(2)]
-    for th in threads:
-        th.start()
-    turns[0][order(0)[0]].set()
-    for th in threads:
-        th.join(60)
-    print("RESULT", sorted(set(outcomes)), flush=True)
-    dist.destroy_process_group()
-    """
-)
-
 
 def _results(tmp_path: Path, script: str, args: list[str], size: int) -> list[str]:
     path = tmp_path / "job.py"
@@ -174,11 +129,21 @@ def test_threads_named_per_rank_or_numbered_per_process_run(tmp_path: Path, face
     assert results == ["RESULT ['ok']"] * 2, results
 
 
-def test_threads_racing_on_torchs_api_get_a_mismatch_never_each_others_data(tmp_path: Path) -> None:
-    """On the torch backend (the blocking face's threads race in
-    tests/integration/test_tasks_sharing_a_group.py, and tasks in its memory twin)."""
-    pytest.importorskip("torch")
-    results = _results(tmp_path, RACE, [], 2)
-    for line in results:
-        assert "wrong" not in line and "error" not in line, results
-        assert "mismatch" in line and "ok" in line, results
+async def test_a_task_check_that_is_no_choice_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither the variable nor the argument is accepted and ignored: a bad value is an error
+    (the variable's before any rendezvous)."""
+    import aiodist as dist
+
+    monkeypatch.setenv("AIODIST_TASK_CHECK", "sometimes")
+    with pytest.raises(ValueError, match="AIODIST_TASK_CHECK must be one of auto, strict, off"):
+        await dist.init_process_group("tcp", store=dist.HashStore(), rank=0, world_size=1)
+    monkeypatch.setenv("AIODIST_TASK_CHECK", "off")
+    await dist.init_process_group("tcp", store=dist.HashStore(), rank=0, world_size=1, timeout=10)
+    try:
+        with pytest.raises(ValueError, match="task_check must be one of 'auto', 'strict', 'off'"):
+            await dist.new_group(task_check="sometimes")
+        g = await dist.new_group(task_check="strict")
+        assert g.origins.check == "strict"
+        assert (await dist.new_group()).origins.check == "off"  # (the variable's, for the job)
+    finally:
+        await dist.destroy_process_group()

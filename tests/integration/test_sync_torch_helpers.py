@@ -154,10 +154,10 @@ def test_a_numpy_program_does_not_import_torch() -> None:
         assert out == {"sum": [3.0, 3.0], "torch imported": False}
 
 
-def _torch_told(rank: int, size: int) -> dict[str, Any]:
+def _torch_told(rank: int, size: int, given: str | None = None) -> dict[str, Any]:
     import aiodist.sync as dist
 
-    dist.init_process_group("gloo")  # AIODIST_TORCH_DEFAULT_GROUP is 1 or 0 here
+    dist.init_process_group("gloo", torch_default_group=given)  # (the variable is 1 or 0 here)
     import torch.distributed as td
 
     out: dict[str, Any] = {"initialised": td.is_initialized()}
@@ -169,9 +169,14 @@ def _torch_told(rank: int, size: int) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("mode", ["1", "0"])
-def test_the_variable_decides(mode: str) -> None:
-    results = spawn(_torch_told, 2, timeout=60, env={"AIODIST_TORCH_DEFAULT_GROUP": mode})
+@pytest.mark.parametrize(
+    ("mode", "given"), [("1", None), ("0", None), ("0", "0")], ids=["1", "0", "argument"]
+)
+def test_the_variable_decides(mode: str, given: str | None) -> None:
+    """AIODIST_TORCH_DEFAULT_GROUP, or init_process_group's torch_default_group over it (a
+    program that makes torch's default group itself, as aiodist-bench does for gloo)."""
+    env = {"AIODIST_TORCH_DEFAULT_GROUP": "1" if given is not None else mode}
+    results = spawn(_torch_told, 2, args=(given,), timeout=60, env=env)
     for out in results:
         if mode == "1":  # even though the program had not imported torch
             assert out == {"initialised": True, "world": 2}
@@ -239,6 +244,10 @@ def test_a_bad_value_fails_before_the_rendezvous(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("AIODIST_TORCH_DEFAULT_GROUP", "yes")
     with pytest.raises(ValueError, match="AIODIST_TORCH_DEFAULT_GROUP='yes': use auto, 1 or 0"):
         aiodist.sync.init_process_group("gloo", store=aiodist.sync.HashStore(), rank=0, world_size=1)
+    with pytest.raises(ValueError, match="torch_default_group='no': use auto, 1 or 0"):
+        aiodist.sync.init_process_group(
+            "gloo", store=aiodist.sync.HashStore(), rank=0, world_size=1, torch_default_group="no"
+        )
     assert not aiodist.sync.is_initialized()
 
 

@@ -82,11 +82,23 @@ def test_one_group_per_task_is_right_in_any_order() -> None:
         assert out["bad"] == [] and set(out["kinds"]) == {"ok"}, out
 
 
-def _threads_job(rank: int, size: int, own_groups: bool) -> dict[str, Any]:
-    """Two threads per rank, each starting all_reduce on the sync face, rank 1 in the other order."""
-    import aiodist.sync as sdist
+def _threads_job(rank: int, size: int, own_groups: bool, api: str = "sync") -> dict[str, Any]:
+    """Two threads per rank, each starting all_reduce on the sync face (or torch's own API on the
+    backend "aiodist"), rank 1 in the other order."""
+    if api == "torch":
+        import datetime
 
-    sdist.init_process_group("gloo", timeout=60)
+        import torch.distributed as sdist
+
+        import aiodist.torch  # noqa: F401  (registers the backend)
+
+        sdist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=60))
+        mismatch: Any = RuntimeError  # (torch's error type; the message is aiodist's)
+    else:
+        import aiodist.sync as sdist
+
+        sdist.init_process_group("gloo", timeout=60)
+        mismatch = sdist.CollectiveMismatchError
     groups = [sdist.new_group(), sdist.new_group()] if own_groups else [None, None]
     rounds = 20
     turns = [[threading.Event() for _ in range(2)] for _ in range(rounds)]
@@ -101,6 +113,10 @@ def _threads_job(rank: int, size: int, own_groups: bool) -> dict[str, Any]:
             seq = order(i)
             turns[i][k].wait(60)
             t = np.full(4, 1000.0 * (k + 1) + rank)
+            if api == "torch":
+                import torch
+
+                t = torch.from_numpy(t)  # (torch's API takes tensors only)
             work = sdist.all_reduce(t, group=groups[k], async_op=True)
             at = seq.index(k)
             if at == 0:
@@ -109,13 +125,15 @@ def _threads_job(rank: int, size: int, own_groups: bool) -> dict[str, Any]:
                 turns[i + 1][order(i + 1)[0]].set()
             try:
                 work.wait()
-            except sdist.CollectiveMismatchError as exc:
+            except mismatch as exc:
                 with lock:
-                    outcomes.append(f"mismatch {exc}")
+                    outcomes.append(f"mismatch {exc}" if "but rank" in str(exc) else f"error {exc}")
                 continue
             want = sum(1000.0 * (k + 1) + q for q in range(size))
             with lock:
-                outcomes.append("ok" if (t == want).all() else f"wrong: expected {want}, received {t[0]}")
+                outcomes.append(
+                    "ok" if bool((t == want).all()) else f"wrong: expected {want}, received {t[0]}"
+                )
 
     threads = [threading.Thread(target=worker, args=(k,), name=f"worker-{k}") for k in range(2)]
     for th in threads:
@@ -129,6 +147,15 @@ def _threads_job(rank: int, size: int, own_groups: bool) -> dict[str, Any]:
         kinds[o.split(" ")[0].rstrip(":")] = kinds.get(o.split(" ")[0].rstrip(":"), 0) + 1
     return {"kinds": kinds, "wrong": [o for o in outcomes if o.startswith("wrong")],
             "mismatch": next((o for o in outcomes if o.startswith("mismatch")), "")}  # fmt: skip
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch's API needs torch")
+def test_threads_on_torchs_api_get_the_right_result_or_a_mismatch() -> None:
+    """torch.distributed itself on the backend "aiodist": the same rule as the sync face."""
+    for out in spawn(_threads_job, 2, args=(False, "torch"), timeout=120):
+        assert out["wrong"] == [] and "error" not in out["kinds"], out
+        assert out["kinds"].get("mismatch", 0) > 0 and out["kinds"].get("ok", 0) > 0, out["kinds"]
+        assert "from thread worker-" in out["mismatch"], out["mismatch"]
 
 
 def test_threads_of_the_sync_face_get_the_right_result_or_a_mismatch() -> None:

@@ -15,7 +15,6 @@ import pytest
 
 from aiodist._launcher.config import parse_config
 from aiodist.bench import cli as bench
-from aiodist.bench import worker
 from aiodist.bench.hosts import choose_master_address, describe_hosts, placement
 from aiodist.bench.launched import measured_options, options_differ, refusal
 from aiodist.bench.launchers import Launch, LaunchError, detect_launch, tasks_on_node
@@ -250,19 +249,3 @@ def test_the_documented_launches_of_the_bench_parse() -> None:
             pytest.fail(f"{name}: aiodist-run {shlex.join(argv)} is refused")
         runs_the_bench = (("aiodist-bench",), (sys.executable, "-u", "-m", "aiodist.bench"))
         assert cfg.program in runs_the_bench, (name, argv)
-
-
-def test_the_sync_face_init_leaves_torchs_default_group_to_gloo(monkeypatch: pytest.MonkeyPatch) -> None:
-    # With torch imported, aiodist.sync's init would take torch's default group (see
-    # aiodist.sync._torch_default), which the gloo comparison needs; the bench opts out for
-    # that call only, whatever the user exported, and puts the user's setting back.
-    var = "AIODIST_TORCH_DEFAULT_GROUP"
-    monkeypatch.setenv(var, "1")
-    with worker._torch_default_group_left_alone():
-        assert os.environ[var] == "0"
-    assert os.environ[var] == "1"
-    monkeypatch.delenv(var)
-    with pytest.raises(RuntimeError), worker._torch_default_group_left_alone():
-        assert os.environ[var] == "0"
-        raise RuntimeError("the init failed")
-    assert var not in os.environ
