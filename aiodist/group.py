@@ -29,7 +29,7 @@ from aiodist.backends.base import IN, OUT, Backend, Binding, Gate, Op
 from aiodist.backends.native import NATIVE
 from aiodist.collectives import select
 from aiodist.collectives.context import OpContext
-from aiodist.collectives.detail import check_fingerprints, detail_enabled
+from aiodist.collectives.detail import check_fingerprints
 from aiodist.errors import (
     CollectiveMismatchError,
     DistError,
@@ -43,6 +43,7 @@ from aiodist.errors import (
 from aiodist.ops import ReduceOp, dtype_name
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.runtime import origin as _origin
+from aiodist.settings import detail_on
 from aiodist.transport.base import (
     COLL,
     P2P,
@@ -696,7 +697,7 @@ class ProcessGroup:
         every rank from the same table of fingerprints (no rank's failure notice can overtake
         another rank's own verdict) and the algorithm never starts (``refused`` is called).
         """
-        if not detail_enabled():
+        if not detail_on():
             return start()
         t = self.timeout if timeout is None else timeout
         # Shortly before the operation's own deadline, so a rank that never arrives is named.
@@ -736,7 +737,7 @@ class ProcessGroup:
             raise
         in_turn = self._takes_turns(ctx, op)
         gate = self._in_turn(ctx.key) if in_turn else None
-        if not detail_enabled():  # (the common path: no closure)
+        if not detail_on():  # (the common path: no closure)
             try:
                 work = b.start(ctx, op, timeout, gate)
             except (DistTypeError, DistValueError):

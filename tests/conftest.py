@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from aiodist import settings
 from aiodist.transport import shm_segment
 
 TIERS = ("unit", "collectives", "integration", "faults", "hosts")
@@ -48,6 +49,17 @@ def _segments() -> set[str]:
         return {n for n in os.listdir(shm_segment.SEGMENT_DIR) if n.startswith(shm_segment.PREFIX)}
     except OSError:
         return set()
+
+
+@pytest.fixture(autouse=True)
+def _debug_level_as_the_environment_says() -> Iterator[None]:
+    """The process-wide debug level a test set (or applied from a variable it set) ends with it."""
+    yield
+    try:
+        level = settings.Settings.read().debug
+    except ValueError:  # a variable the test left behind: not this fixture's business
+        level = settings.DebugLevel.OFF
+    settings.set_debug_level(level, export=False)
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,6 @@ operation's own timeout. n(n-1) messages of ``SLOT`` bytes (their format:
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
 from aiodist.collectives.context import OpContext
@@ -25,12 +24,7 @@ from aiodist.wire.detail import SLOT, decode_slot, encode_slot
 from aiodist.wire.fingerprint import ORDER_HINT, Fingerprint, describe_all
 from aiodist.wire.frames import ProtocolError
 
-__all__ = ["check_fingerprints", "detail_enabled"]
-
-
-def detail_enabled() -> bool:
-    """True when ``AIODIST_DEBUG`` is ``DETAIL`` (read at each call, as torch reads its flag)."""
-    return os.environ.get("AIODIST_DEBUG", "").strip().upper() == "DETAIL"
+__all__ = ["check_fingerprints"]
 
 
 def _read(slot: bytearray) -> Fingerprint:

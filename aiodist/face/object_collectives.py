@@ -15,7 +15,6 @@ it is interpreted; msgpack payloads are always accepted (they cannot run code).
 from __future__ import annotations
 
 import importlib
-import os
 import pickle
 import sys
 from typing import Any
@@ -149,7 +148,7 @@ def encode_object(obj: Any) -> bytes:
 
 def pickle_allowed(group: ProcessGroup) -> bool:
     """Pickles are accepted from authenticated peers, or when the user opted in."""
-    if os.environ.get("AIODIST_ALLOW_PICKLE", "").strip() == "1":
+    if group.transport.settings.allow_pickle:  # AIODIST_ALLOW_PICKLE=1, when the job started
         return True
     return getattr(group.transport, "secret", None) is not None
 
@@ -199,17 +198,13 @@ def _decode_all(data: np.ndarray, sizes: np.ndarray, *, src: int, allow: bool, w
     return out
 
 
-def _max_object_bytes() -> int:
-    """Most serialized bytes one rank may announce in one object collective."""
-    return int(os.environ.get("AIODIST_MAX_OBJECT_BYTES", str(1 << 30)))
-
-
-def _check_sizes(sizes: np.ndarray, src: int, what: str) -> None:
-    """Refuse sizes no honest peer sends, before anything of that size is allocated."""
+def _check_sizes(g: ProcessGroup, sizes: np.ndarray, src: int, what: str) -> None:
+    """Refuse sizes no honest peer sends, before anything of that size is allocated
+    (``AIODIST_MAX_OBJECT_BYTES``: the most one rank may announce in one object collective)."""
     if sizes.size and int(sizes.min()) < 0:
         raise DistError(f"{what}: rank {src} announced a negative object size")
     total = int(sizes.sum()) if sizes.size else 0
-    limit = _max_object_bytes()
+    limit = g.transport.settings.max_object_bytes
     if total > limit:
         raise DistError(
             f"{what}: rank {src} announced {total} bytes of objects, over the limit of {limit} "
@@ -269,7 +264,7 @@ def broadcast_object_list(
         else:
             sizes = np.zeros(len(objs), dtype=np.int64)
         await _broadcast(ctx, sizes, root)
-        _check_sizes(sizes, src, what)
+        _check_sizes(g, sizes, src, what)
         if g.rank != root:
             data = np.empty(int(sizes.sum()), dtype=np.uint8)
         await _broadcast(ctx, data, root)
@@ -305,7 +300,7 @@ def all_gather_object(
         sizes = np.zeros(g.size, dtype=np.int64)
         await _allgather(ctx, [sizes[i : i + 1] for i in range(g.size)], np.array([mine.size], np.int64))
         for i in range(g.size):
-            _check_sizes(sizes[i : i + 1], g.ranks[i], what)
+            _check_sizes(g, sizes[i : i + 1], g.ranks[i], what)
         offs = _offsets(sizes.tolist())
         data = np.empty(offs[-1], dtype=np.uint8)
         blocks = [data[offs[i] : offs[i + 1]] for i in range(g.size)]
@@ -360,7 +355,7 @@ def gather_object(
             await _gather(ctx, mine, None, root, uniform=False)
             return
         for i in range(g.size):
-            _check_sizes(sizes[i : i + 1], g.ranks[i], what)
+            _check_sizes(g, sizes[i : i + 1], g.ranks[i], what)
         offs = _offsets(sizes.tolist())
         data = np.empty(offs[-1], dtype=np.uint8)
         blocks = [data[offs[i] : offs[i + 1]] for i in range(g.size)]
@@ -423,7 +418,7 @@ def scatter_object_list(
             await _scatter(ctx, mine, blocks, root, uniform=False)
         else:
             await _scatter(ctx, size, None, root)
-            _check_sizes(size, src, what)
+            _check_sizes(g, size, src, what)
             mine = np.empty(int(size[0]), dtype=np.uint8)
             await _scatter(ctx, mine, None, root, uniform=False)
         raw = bv(mine)
@@ -487,7 +482,7 @@ def recv_object_list(
 
     async def run() -> int:
         sender = int(await first)
-        _check_sizes(sizes, sender, "recv_object_list")
+        _check_sizes(g, sizes, sender, "recv_object_list")
         data = np.empty(int(sizes.sum()), dtype=np.uint8)
         await g.recv(data, sender, tag=DATA_TAG, timeout=timeout)
         objs[:] = _decode_all(data, sizes, src=sender, allow=allow, what="recv_object_list")

@@ -30,17 +30,15 @@ from aiodist.rendezvous import (
     while_current,
 )
 from aiodist.runtime import busy_poll as _busy_poll
-from aiodist.runtime import log_level as _logging
 from aiodist.runtime import loop_thread as _loop_thread
 from aiodist.runtime import origin as _origin
 from aiodist.runtime.timeouts import as_seconds
+from aiodist.settings import Settings
 from aiodist.store import PrefixStore, Store, TCPStore
 from aiodist.store.base import StoreShutDownError
 from aiodist.transport.base import Transport, exit_goodbye
 from aiodist.transport.mesh import claim_rank, connect_mesh
-from aiodist.transport.shm import shm_mode_from_env
 from aiodist.wire.control import Goodbye
-from aiodist.wire.handshake import secret_from_env
 
 __all__ = [
     "destroy_process_group",
@@ -85,7 +83,11 @@ class World:
     # On a program's own loop: the task that leaves the job in order when asyncio.run winds
     # the loop up (see _leave_when_the_loop_ends).
     guardian: asyncio.Task[None] | None = None
-    task_check: str = "auto"  # AIODIST_TASK_CHECK: the groups' default (runtime.origin.OriginBook)
+
+    @property
+    def settings(self) -> Settings:
+        """What the environment said when the job started (read once, by ``init_process_group``)."""
+        return self.transport.settings
 
 
 _world: World | None = None
@@ -131,6 +133,34 @@ async def init_process_group(
         DistTimeoutError: a rank did not arrive in time (the message names the missing ranks).
         DistValueError: bad arguments, a duplicate rank, or the group is already initialised.
     """
+    # Every variable is read here, once: a bad value fails before any rendezvous.
+    await init_job(
+        Settings.read(),
+        backend,
+        init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+        store=store,
+        group_name=group_name,
+        device_id=device_id,
+    )
+
+
+async def init_job(
+    settings: Settings,
+    backend: str | None,
+    init_method: str | None,
+    *,
+    rank: int,
+    world_size: int,
+    timeout: float | datetime.timedelta,
+    store: Store | None,
+    group_name: str,
+    device_id: Any,
+) -> None:
+    """``init_process_group`` with the ``settings`` the caller read (the sync face reads them
+    once for its own part of the init too)."""
     global _world
     if _world is not None:
         raise DistValueError("trying to initialize the default process group twice")
@@ -140,24 +170,21 @@ async def init_process_group(
     engine = None if BACKENDS[name] == "tcp" else BACKENDS[name]
     if engine is not None:
         _engine.check_available(engine)
-    _logging.configure_from_env()
-    device = _device(device_id, engine)
+    settings.apply()
+    device = _device(device_id, engine, settings)
     seconds = as_seconds(timeout)
     loop = asyncio.get_running_loop()
     _origin.install(loop)  # collectives carry the name of the task that started them
-    task_check = _origin.task_check_from_env()
-    _busy_poll.for_loop(loop)  # reads AIODIST_BUSY_POLL_US: a bad value fails here, before any rendezvous
-    shm_mode_from_env()  # AIODIST_SHM too
+    _busy_poll.for_loop(loop)
     deadline = loop.time() + seconds
-    secret = secret_from_env()
     left = seconds
     while True:
         rdv = await resolve_rendezvous(
-            init_method, rank=rank, world_size=world_size, timeout=left, store=store
+            init_method, rank=rank, world_size=world_size, timeout=left, store=store, settings=settings
         )
         try:
             job_store, (my_rank, host, transport) = await while_current(
-                rdv, _meet(rdv, group_name, secret or rdv.secret, left)
+                rdv, _meet(rdv, group_name, settings.secret or rdv.secret, left, settings)
             )
             if rdv.owns_store:
                 rdv.store.set_timeout(seconds)  # later store calls get the job's timeout, not what was left
@@ -194,10 +221,9 @@ async def init_process_group(
         backend=label,
         name="default group",
         runs_on=runs_on,
-        task_check=task_check,
+        task_check=settings.task_check,
     )
     w = World(group, transport, rdv.store, rdv.owns_store, label, loop, [group], staged=staged)
-    w.task_check = task_check
     w.engine, w.job_store, w.host, w.device = engine, job_store, host, device
     try:
         await _connect(group)
@@ -214,22 +240,28 @@ async def init_process_group(
 
 
 async def _meet(
-    rdv: Rendezvous, group_name: str, secret: bytes | None, timeout: float
+    rdv: Rendezvous, group_name: str, secret: bytes | None, timeout: float, settings: Settings
 ) -> tuple[Store, tuple[int, str, Transport]]:
     """This init's namespace in the rendezvous store, and ``_join``'s (rank, host, transport)."""
     job_store = await job_namespace(rdv, group_name, timeout)
-    return job_store, await _join(rdv, job_store, group_name, secret, timeout)
+    return job_store, await _join(rdv, job_store, group_name, secret, timeout, settings)
 
 
 async def _join(
-    rdv: Rendezvous, job_store: Store, group_name: str, secret: bytes | None, timeout: float
+    rdv: Rendezvous,
+    job_store: Store,
+    group_name: str,
+    secret: bytes | None,
+    timeout: float,
+    settings: Settings,
 ) -> tuple[int, str, Transport]:
     """Claim this process's rank in ``job_store`` and connect every peer: (rank, host, transport)."""
     global _warned_insecure
     st = rdv.store
     addr = f"{st.host}:{st.port}" if isinstance(st, TCPStore) else None
-    host = local_address_towards(rdv.master_addr or "127.0.0.1")  # a bad AIODIST_HOST fails before the claim
-    my_rank = await claim_rank(job_store, rdv.rank, rdv.world_size, addr=addr)
+    # (A bad AIODIST_HOST fails before the claim.)
+    host = local_address_towards(rdv.master_addr or "127.0.0.1", settings)
+    my_rank = await claim_rank(job_store, rdv.rank, rdv.world_size, settings, addr=addr)
     if secret is None and not is_loopback(host) and not _warned_insecure:
         _warned_insecure = True
         log.warning(
@@ -243,15 +275,16 @@ async def _join(
         secret=secret,
         host=host,
         timeout=timeout,
+        settings=settings,
     )
     return my_rank, host, transport
 
 
-def _device(device_id: Any, engine: str | None) -> Any:
+def _device(device_id: Any, engine: str | None, settings: Settings) -> Any:
     """The CUDA device of this rank (``device_id``; for "nccl" also LOCAL_RANK's), made current."""
     if device_id is None and engine == "nccl":
-        local = os.environ.get("LOCAL_RANK")
-        device_id = int(local) if local is not None and local.isdigit() else None
+        local = settings.local_rank
+        device_id = local if local is not None and local >= 0 else None
         if device_id is None:
             import torch
 
@@ -488,7 +521,7 @@ async def new_group(
             order alone). Give the same on every rank.
     """
     w = world()
-    check = w.task_check if task_check is None else task_check
+    check = w.settings.task_check if task_check is None else task_check
     if check not in _origin.TASK_CHECKS:  # (before any group id is taken)
         raise DistValueError(f"new_group: task_check must be one of 'auto', 'strict', 'off', got {check!r}")
     size = w.default_group.size

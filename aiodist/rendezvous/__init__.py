@@ -21,7 +21,6 @@ import fcntl
 import functools
 import ipaddress
 import logging
-import os
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -32,10 +31,10 @@ from urllib.parse import parse_qs, urlparse
 from aiodist.errors import DistStoreError, DistValueError
 from aiodist.rendezvous import torchelastic as _torchelastic
 from aiodist.runtime.progress import every
+from aiodist.settings import Settings
 from aiodist.store import FileStore, PrefixStore, Store, TCPStore
 from aiodist.store.base import PORT_ADVICE, ForeignStoreError
 from aiodist.transport.mesh import namespace
-from aiodist.wire.handshake import secret_from_env
 
 log = logging.getLogger("aiodist")
 
@@ -69,34 +68,6 @@ class Rendezvous:
     # Runs beside the rest of the rendezvous, and raises if the rendezvous can no longer
     # complete (torchrun's nodes in different restart attempts): see ``while_current``.
     watch: Callable[[], Awaitable[None]] | None = None
-
-
-_ENV_PAIRS = (
-    ("RANK", "WORLD_SIZE"),
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-    ("PMI_RANK", "PMI_SIZE"),
-    ("SLURM_PROCID", "SLURM_NTASKS"),
-)
-
-
-def _env_int(name: str) -> int:
-    value = os.environ[name]
-    try:
-        return int(value)
-    except ValueError:
-        raise DistValueError(f"environment variable {name}={value!r} is not an integer") from None
-
-
-def rank_and_size_from_env(rank: int, world_size: int) -> tuple[int, int]:
-    """Fill in rank/world_size left at -1 from the first launcher's variables that are set."""
-    for rank_var, size_var in _ENV_PAIRS:
-        if rank == -1 and rank_var in os.environ:
-            rank = _env_int(rank_var)
-        if world_size == -1 and size_var in os.environ:
-            world_size = _env_int(size_var)
-        if rank != -1 and world_size != -1:
-            break
-    return rank, world_size
 
 
 def is_loopback(host: str) -> bool:
@@ -137,9 +108,9 @@ def interface_address(name: str, where: str) -> str:
     return socket.inet_ntoa(packed[20:24])
 
 
-def _listen_override() -> str | None:
+def _listen_override(settings: Settings) -> str | None:
     """``AIODIST_HOST`` (an address, a host name or an interface name), else ``GLOO_SOCKET_IFNAME``."""
-    value = os.environ.get("AIODIST_HOST", "").strip()
+    value = settings.listen_host
     if value:
         try:
             ipaddress.ip_address(value)
@@ -156,7 +127,7 @@ def _listen_override() -> str | None:
                 f"({', '.join(interface_names())}) nor a host name that resolves"
             ) from None
         return value
-    ifname = os.environ.get("GLOO_SOCKET_IFNAME", "").strip()
+    ifname = settings.socket_ifname
     if ifname:
         # gloo accepts a comma-separated list (one device each); aiodist listens on one address.
         first = ifname.split(",")[0].strip()
@@ -164,7 +135,7 @@ def _listen_override() -> str | None:
     return None
 
 
-def local_address_towards(host: str) -> str:
+def local_address_towards(host: str, settings: Settings | None = None) -> str:
     """The address of this machine's interface that routes to ``host`` (loopback stays loopback).
 
     ``AIODIST_HOST`` (an address, host name or interface name such as ``eth0``) overrides it,
@@ -173,7 +144,7 @@ def local_address_towards(host: str) -> str:
     Raises:
         DistValueError: an interface named there does not exist or has no IPv4 address.
     """
-    override = _listen_override()
+    override = _listen_override(Settings.read() if settings is None else settings)
     if override:
         return override
     if is_loopback(host):
@@ -200,7 +171,9 @@ def _addr(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def _tcp_store(host: str, port: int, world_size: int, rank: int, timeout: float) -> Store:
+async def _tcp_store(
+    host: str, port: int, world_size: int, rank: int, timeout: float, settings: Settings
+) -> Store:
     """Rank 0 (or a process whose rank is yet unknown) hosts the store; others connect.
 
     A would-be host that finds the port taken probes what holds it (``PROBE_SECONDS`` at most):
@@ -234,7 +207,8 @@ async def _tcp_store(host: str, port: int, world_size: int, rank: int, timeout: 
             # rank -1 on another host than MASTER_ADDR: another process hosts the store there.
     client = TCPStore(host, port, size, is_master=False, timeout=timeout)
     try:
-        async with every(lambda waited: _log_store_wait(who, addr, waited, client)):
+        report = functools.partial(_log_store_wait, who, addr, client=client)
+        async with every(report, settings.rendezvous_log_interval):
             await client.start()
     except ForeignStoreError as exc:
         raise _in_use_error(who, "join", exc) from None
@@ -291,7 +265,7 @@ def _in_use_error(who: str, role: str, exc: ForeignStoreError) -> ForeignStoreEr
     return ForeignStoreError(msg, addr=exc.addr, holder=exc.holder, why=exc.why)
 
 
-def _log_store_wait(who: str, addr: str, waited: float, client: TCPStore) -> None:
+def _log_store_wait(who: str, addr: str, waited: float, *, client: TCPStore) -> None:
     last = client.last_connect_error
     log.warning(
         "aiodist: %s has waited %.0f s for the store at %s (rank 0 hosts it: is rank 0 running, with the "
@@ -304,21 +278,25 @@ def _log_store_wait(who: str, addr: str, waited: float, client: TCPStore) -> Non
 
 
 async def resolve_rendezvous(
-    init_method: str | None, *, rank: int, world_size: int, timeout: float, store: Store | None
+    init_method: str | None,
+    *,
+    rank: int,
+    world_size: int,
+    timeout: float,
+    store: Store | None,
+    settings: Settings,
 ) -> Rendezvous:
     """Turn the arguments of ``init_process_group`` into a store and a (maybe unassigned) rank."""
     if store is not None:
         if init_method is not None:
             raise DistValueError("init_process_group: pass either init_method or store, not both")
-        rank, world_size = rank_and_size_from_env(rank, world_size)
+        rank, world_size = settings.rank_and_size(rank, world_size)
         if world_size <= 0 or rank == -1:
             raise DistValueError(
                 "init_process_group(store=...) needs rank and world_size (or RANK/WORLD_SIZE)"
             )
         _check_rank(rank, world_size, assignable=False)
-        return Rendezvous(
-            store, rank, world_size, owns_store=False, master_addr=os.environ.get("MASTER_ADDR")
-        )
+        return Rendezvous(store, rank, world_size, owns_store=False, master_addr=settings.master_addr)
 
     url = urlparse(init_method or "env://")
     query = {k: v[-1] for k, v in parse_qs(url.query).items()}
@@ -328,21 +306,20 @@ async def resolve_rendezvous(
         world_size = int(query["world_size"])
 
     if url.scheme == "env":
-        rank, world_size = rank_and_size_from_env(rank, world_size)
-        try:
-            host = os.environ["MASTER_ADDR"]
-            port = _port(os.environ["MASTER_PORT"], "MASTER_PORT")
-        except KeyError as exc:
-            raise DistValueError(f"init_method env:// needs the environment variable {exc.args[0]}") from None
+        rank, world_size = settings.rank_and_size(rank, world_size)
+        for name, value in (("MASTER_ADDR", settings.master_addr), ("MASTER_PORT", settings.master_port)):
+            if value is None:
+                raise DistValueError(f"init_method env:// needs the environment variable {name}")
+        host, port = str(settings.master_addr), _port(settings.master_port, "MASTER_PORT")
         _need_world_size(world_size, "env://")
         if rank == -1:
             raise DistValueError(
                 "init_method env:// needs RANK (or rank=, or an mpirun/PMI/Slurm rank variable)"
             )
         _check_rank(rank, world_size, assignable=False)
-        if _torchelastic.uses_agent_store():
-            agent = await _torchelastic.join_agent_store(host, port, rank, timeout)
-            drawn = None if secret_from_env() else await _torchelastic.peer_secret(agent.store)
+        if settings.agent_store:
+            agent = await _torchelastic.join_agent_store(host, port, rank, timeout, settings)
+            drawn = None if settings.secret else await _torchelastic.peer_secret(agent.store)
             log.info(
                 "aiodist: rank %d joined the store torchrun hosts at %s (restart attempt %d)%s",
                 rank,
@@ -352,9 +329,11 @@ async def resolve_rendezvous(
                 if drawn
                 else "",
             )
-            watch = functools.partial(_torchelastic.watch_attempt, agent.job, agent.attempt, rank)
+            watch = functools.partial(
+                _torchelastic.watch_attempt, agent.job, agent.attempt, rank, settings.node_rank
+            )
             return Rendezvous(agent.store, rank, world_size, True, host, drawn, agent.where, watch)
-        st = await _tcp_store(host, port, world_size, rank, timeout)
+        st = await _tcp_store(host, port, world_size, rank, timeout, settings)
         return Rendezvous(st, rank, world_size, True, host)
 
     if url.scheme == "tcp":
@@ -367,7 +346,7 @@ async def resolve_rendezvous(
         from aiodist.rendezvous import multicast as _multicast
 
         if _multicast.is_multicast_address(host):
-            found = await _multicast.discover(host, port, world_size, timeout=timeout)
+            found = await _multicast.discover(host, port, world_size, timeout=timeout, settings=settings)
             if rank not in (-1, found.rank):
                 raise DistValueError(
                     f"multicast rendezvous assigns ranks itself (got rank {found.rank}); pass rank=-1, not {rank}"
@@ -382,7 +361,7 @@ async def resolve_rendezvous(
             )
             await st2.start()
             return Rendezvous(st2, found.rank, world_size, True, found.master_addr)
-        st = await _tcp_store(host, port, world_size, rank, timeout)
+        st = await _tcp_store(host, port, world_size, rank, timeout, settings)
         return Rendezvous(st, rank, world_size, True, host)
 
     if url.scheme == "file":

@@ -31,7 +31,7 @@ from typing import Any
 import msgpack
 
 from aiodist.errors import DistError, DistNetworkError, DistTimeoutError, DistTypeError, DistValueError
-from aiodist.wire.handshake import secret_from_env
+from aiodist.settings import Settings
 
 __all__ = [
     "MAX_DATAGRAM",
@@ -382,11 +382,12 @@ class _Rendezvous:
 # --------------------------------------------------------------------------- I/O
 
 
-def _choose_interface(group_addr: str, port: int, interface: str | None) -> str:
-    """The IPv4 address of the interface to use: argument, then environment, then the route."""
+def _choose_interface(group_addr: str, port: int, interface: str | None, from_env: str) -> str:
+    """The IPv4 address of the interface to use: argument, then ``AIODIST_MULTICAST_IF``
+    (``from_env``), then the route."""
     source = "interface"
-    if interface is None and os.environ.get(MULTICAST_IF_ENV):
-        interface, source = os.environ[MULTICAST_IF_ENV], MULTICAST_IF_ENV
+    if interface is None and from_env:
+        interface, source = from_env, MULTICAST_IF_ENV
     if interface is None:
         # Ask the kernel which local address it would send to the group from; with no route
         # for multicast at all, the group can only be used on this host, over loopback.
@@ -498,6 +499,7 @@ async def discover(
     timeout: float,
     interface: str | None = None,
     secret: bytes | None = None,
+    settings: Settings | None = None,
 ) -> Discovery:
     """Find the other ``world_size - 1`` processes over UDP multicast and assign ranks.
 
@@ -516,6 +518,7 @@ async def discover(
             else the interface the kernel routes the group through, else loopback (127.0.0.1).
         secret: key authenticating announcements; None reads ``AIODIST_SECRET``, ``b""`` disables it.
             Announcements that fail authentication are ignored.
+        settings: the job's settings (``AIODIST_MULTICAST_IF``, ``AIODIST_SECRET``); None reads them.
 
     Returns:
         This process's rank, rank 0's address and, on rank 0 only, its listening socket, which
@@ -536,8 +539,9 @@ async def discover(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     where = f"{group_addr}:{port}"
-    host = _choose_interface(group_addr, port, interface)
-    key = secret_from_env() if secret is None else (secret or None)
+    settings = Settings.read() if settings is None else settings
+    host = _choose_interface(group_addr, port, interface, settings.multicast_if)
+    key = settings.secret if secret is None else (secret or None)
 
     try:
         listener = _open_listener(host)

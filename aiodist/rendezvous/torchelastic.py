@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import os
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from aiodist.errors import DistError, DistStoreError, DistValueError
+from aiodist.errors import DistError, DistStoreError
+from aiodist.settings import Settings
 from aiodist.store import PrefixStore, Store
 from aiodist.store.c10d import TorchStore, first_line
 
@@ -37,8 +37,6 @@ __all__ = [
     "behind_error",
     "join_agent_store",
     "peer_secret",
-    "restart_attempt",
-    "uses_agent_store",
     "watch_attempt",
 ]
 
@@ -46,23 +44,6 @@ __all__ = [
 AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 #: How many times torchrun's agent restarted this node's worker group before this attempt.
 RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"
-
-
-def uses_agent_store() -> bool:
-    """True when torchrun's agent hosts this job's store at MASTER_ADDR:MASTER_PORT."""
-    return os.environ.get(AGENT_STORE_VAR) == str(True)
-
-
-def restart_attempt() -> int:
-    """``TORCHELASTIC_RESTART_COUNT`` (0 when unset).
-
-    Raises:
-        DistValueError: it is not a non-negative integer.
-    """
-    value = os.environ.get(RESTART_VAR, "0").strip() or "0"
-    if not value.isdigit():
-        raise DistValueError(f"environment variable {RESTART_VAR}={value!r} is not a non-negative integer")
-    return int(value)
 
 
 def _torch_tcp_store_class(who: str, addr: str) -> Any:
@@ -96,14 +77,14 @@ class AgentStore:
     where: str  # the same for every init of this process against this attempt (see ``job_namespace``)
 
 
-async def join_agent_store(host: str, port: int, rank: int, timeout: float) -> AgentStore:
+async def join_agent_store(host: str, port: int, rank: int, timeout: float, settings: Settings) -> AgentStore:
     """Connect to torchrun's store at ``host:port`` as a client.
 
     Raises:
         DistStoreError: torch cannot be imported, or the store did not answer within ``timeout``.
         DistValueError: ``TORCHELASTIC_RESTART_COUNT`` is not a count.
     """
-    attempt = restart_attempt()
+    attempt = settings.restart_attempt()
     addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     who = f"rank {rank}"
     tcp_store = _torch_tcp_store_class(who, addr)
@@ -161,8 +142,7 @@ async def announce_attempt(job: Store, attempt: int) -> int:
         expected = got  # an earlier attempt (or nonsense): replace it with ours
 
 
-def behind_error(rank: int, attempt: int, latest: int) -> DistError:
-    node = os.environ.get("GROUP_RANK")
+def behind_error(rank: int, attempt: int, latest: int, node: int | None = None) -> DistError:
     where = f"rank {rank}" + (f" (node {node})" if node is not None else "")
     return DistError(
         f"rendezvous failed: {where} is in torchrun's restart attempt {attempt}, and another node's "
@@ -173,7 +153,7 @@ def behind_error(rank: int, attempt: int, latest: int) -> DistError:
     )
 
 
-async def watch_attempt(job: Store, attempt: int, rank: int) -> None:
+async def watch_attempt(job: Store, attempt: int, rank: int, node: int | None = None) -> None:
     """Return never; raise ``behind_error`` once a later attempt than ``attempt`` is recorded.
 
     A store that fails ends the watching, not the rendezvous (which meets the failure itself).
@@ -186,4 +166,4 @@ async def watch_attempt(job: Store, attempt: int, rank: int) -> None:
             latest = int(got) if got.isdigit() else latest
     except DistError:
         await asyncio.get_running_loop().create_future()  # never done: cancelled with the rendezvous
-    raise behind_error(rank, attempt, latest)
+    raise behind_error(rank, attempt, latest, node)

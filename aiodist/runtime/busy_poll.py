@@ -32,12 +32,10 @@ may skip the doorbells of a reader that polls anyway).
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import weakref
 from typing import Protocol
 
-from aiodist.errors import DistValueError
 from aiodist.runtime import host as _host
 
 __all__ = ["BusyPoll", "DEFAULT_BUDGET_US", "PollSource", "for_loop"]
@@ -45,16 +43,22 @@ __all__ = ["BusyPoll", "DEFAULT_BUDGET_US", "PollSource", "for_loop"]
 DEFAULT_BUDGET_US = 200.0
 
 
-def budget_from_env() -> float:
-    """The poll budget in seconds: ``AIODIST_BUSY_POLL_US`` (0 disables polling)."""
-    raw = os.environ.get("AIODIST_BUSY_POLL_US", "")
-    if not raw.strip():
+# AIODIST_BUSY_POLL_US as the job's settings say (``configure``); None: decided by the cores.
+_configured_us: float | None = None
+
+
+def configure(us: float | None) -> None:
+    """Take ``AIODIST_BUSY_POLL_US`` from the job's settings (None: unset)."""
+    global _configured_us
+    _configured_us = us
+
+
+def budget() -> float:
+    """The poll budget in seconds: ``AIODIST_BUSY_POLL_US`` (0 disables polling), else 200 µs
+    where every rank of the host has a core to itself, else none."""
+    if _configured_us is None:
         return DEFAULT_BUDGET_US * 1e-6 if _host.has_core_per_rank() else 0.0
-    try:
-        us = float(raw)
-    except ValueError:
-        raise DistValueError(f"AIODIST_BUSY_POLL_US must be a number of microseconds, got {raw!r}") from None
-    return max(us, 0.0) * 1e-6
+    return _configured_us * 1e-6
 
 
 class PollSource(Protocol):
@@ -89,7 +93,7 @@ class BusyPoll:
     def reconsider(self) -> None:
         """Take the budget again from what is known now (``aiodist.runtime.host`` learns at
         rendezvous how many ranks share the machine's cores); an explicit setting stands."""
-        self.budget = budget_from_env()
+        self.budget = budget()
 
     def add_source(self, source: PollSource) -> None:
         """Look at ``source`` on every turn while polling (see the module docstring)."""
@@ -140,5 +144,5 @@ def for_loop(loop: asyncio.AbstractEventLoop, *, for_ops: bool = True) -> BusyPo
     loop thread of the sync face creates its poller before anything else touches its loop)."""
     poller = _pollers.get(loop)
     if poller is None:
-        poller = _pollers[loop] = BusyPoll(loop, budget_from_env(), for_ops=for_ops)
+        poller = _pollers[loop] = BusyPoll(loop, budget(), for_ops=for_ops)
     return poller

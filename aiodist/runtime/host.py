@@ -19,11 +19,23 @@ __all__ = [
     "host_id",
     "local_ranks",
     "machine_id",
+    "learn",
     "note_ranks_on_machine",
 ]
 
 # Ranks of this job on this machine, every host of it (see the module docstring); 0: not known.
 _ranks_on_machine = 0
+# What the launcher and the settings say (``learn``, when a job starts): ranks on this host,
+# and a host id forced by AIODIST_HOST_ID.
+_local_ranks = 1
+_forced_host_id = ""
+
+
+def learn(local_ranks: int, forced_host_id: str) -> None:
+    """Take what this job's settings say: ranks on this host (``LOCAL_WORLD_SIZE``, else
+    ``WORLD_SIZE``) and ``AIODIST_HOST_ID`` (empty: none)."""
+    global _local_ranks, _forced_host_id
+    _local_ranks, _forced_host_id = max(1, local_ranks), forced_host_id
 
 
 @functools.cache
@@ -35,16 +47,13 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-@functools.cache
 def local_ranks() -> int:
-    """Ranks on this host: ``LOCAL_WORLD_SIZE`` (set by the launchers), else ``WORLD_SIZE``, else 1.
+    """Ranks on this host: ``LOCAL_WORLD_SIZE`` (set by the launchers), else ``WORLD_SIZE``, else 1
+    (as ``learn`` was told).
 
     Local knowledge only: ranks need not agree on anything derived from it.
     """
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1))
-    except ValueError:
-        return 1
+    return _local_ranks
 
 
 def note_ranks_on_machine(n: int) -> None:
@@ -83,8 +92,7 @@ def host_id() -> str:
     and separate kernels, or a reused name after a reboot, differ). Ranks with equal ids still
     prove they share memory before they use it.
     """
-    forced = os.environ.get("AIODIST_HOST_ID", "").strip()
-    if forced:
-        return forced
+    if _forced_host_id:
+        return _forced_host_id
     boot = machine_id()
     return f"{socket.gethostname()}/{boot}" if boot else socket.gethostname()

@@ -47,6 +47,7 @@ from collections.abc import Collection, Coroutine, Generator
 from typing import Any
 
 from aiodist.errors import DistValueError
+from aiodist.settings import TASK_CHECKS
 
 __all__ = [
     "MAX_NAME",
@@ -57,7 +58,6 @@ __all__ = [
     "install",
     "mark_thread",
     "root_context",
-    "task_check_from_env",
 ]
 
 MAX_NAME = 80
@@ -213,19 +213,10 @@ def _adopt(loop: asyncio.AbstractEventLoop) -> Lineage | None:
 
 # -- when differing origins are a mismatch ------------------------------------------------------
 
-TASK_CHECKS = ("auto", "strict", "off")
 _BOOK_SIZE = 64  # origins remembered per group (the most recent)
 _SLOT_HASHES = 16  # of which a DETAIL slot carries this many
 _COUNTS = re.compile(r"\[\d+\]")
 _NUMBERS = re.compile(r"\d+")
-
-
-def task_check_from_env() -> str:
-    """``AIODIST_TASK_CHECK``: the default ``task_check`` of a job's groups ("auto")."""
-    raw = os.environ.get("AIODIST_TASK_CHECK", "").strip().lower() or "auto"
-    if raw not in TASK_CHECKS:
-        raise DistValueError(f"AIODIST_TASK_CHECK must be one of {', '.join(TASK_CHECKS)}, got {raw!r}")
-    return raw
 
 
 def origin_hash(name: str) -> int:

@@ -7,37 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 
-from aiodist.errors import DistValueError
-
-__all__ = ["every", "interval_from_env"]
-
-DEFAULT_INTERVAL = 30.0
-
-
-def interval_from_env() -> float:
-    """Seconds between progress reports (``AIODIST_RENDEZVOUS_LOG_INTERVAL``; 0: none)."""
-    raw = os.environ.get("AIODIST_RENDEZVOUS_LOG_INTERVAL", "").strip()
-    if not raw:
-        return DEFAULT_INTERVAL
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise DistValueError(
-            f"AIODIST_RENDEZVOUS_LOG_INTERVAL={raw!r} must be a number of seconds (0 turns the reports off)"
-        )
-    return value
+__all__ = ["every"]
 
 
 @contextlib.asynccontextmanager
-async def every(report: Callable[[float], None], interval: float | None = None) -> AsyncIterator[None]:
-    """Call ``report(seconds waited)`` every ``interval`` seconds while the body runs."""
-    period = interval_from_env() if interval is None else interval
+async def every(report: Callable[[float], None], period: float) -> AsyncIterator[None]:
+    """Call ``report(seconds waited)`` every ``period`` seconds while the body runs (0: never)."""
     if period <= 0:
         yield
         return

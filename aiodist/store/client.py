@@ -17,6 +17,7 @@ import socket
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from aiodist import settings as _settings
 from aiodist.errors import DistStoreError, DistTypeError, DistValueError
 from aiodist.store.base import (
     DEFAULT_TIMEOUT,
@@ -38,10 +39,8 @@ from aiodist.store.server import StoreServer
 from aiodist.wire.frames import FrameReader, ProtocolError, encode_frame
 from aiodist.wire.handshake import (
     AuthError,
-    handshake_timeout_from_env,
     make_hello,
     parse_challenge,
-    secret_from_env,
     verify_welcome,
 )
 from aiodist.wire.store import (
@@ -141,9 +140,9 @@ class TCPStore(Store):
         self.is_master = bool(is_master)
         self._timeout = as_seconds(timeout)
         self._sock = sock
-        self._secret = secret_from_env() if secret is None else secret
+        self._secret = _settings.secret() if secret is None else secret
         self._handshake_timeout = (
-            handshake_timeout_from_env() if handshake_timeout is None else handshake_timeout
+            _settings.handshake_timeout() if handshake_timeout is None else handshake_timeout
         )
         self._server: StoreServer | None = None
         self._reader: asyncio.StreamReader | None = None

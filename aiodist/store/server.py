@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
 
+from aiodist import settings as _settings
 from aiodist.errors import DistStoreError, DistValueError
 from aiodist.store.memory import KeyTable
 from aiodist.wire.frames import FrameReader, Limits, ProtocolError, encode_frame
@@ -28,10 +29,8 @@ from aiodist.wire.handshake import (
     AuthError,
     Refusal,
     accept_hello,
-    handshake_timeout_from_env,
     make_challenge,
     make_welcome,
-    secret_from_env,
 )
 from aiodist.wire.store import (
     CLIENT_LIMITS,
@@ -175,9 +174,9 @@ class StoreServer:
         self._host = host
         self._port = port
         self._sock = sock
-        self._secret = secret_from_env() if secret is None else secret
+        self._secret = _settings.secret() if secret is None else secret
         self._handshake_timeout = (
-            handshake_timeout_from_env() if handshake_timeout is None else handshake_timeout
+            _settings.handshake_timeout() if handshake_timeout is None else handshake_timeout
         )
         self._max_unauthenticated = max_unauthenticated
         self._limits = limits

@@ -26,6 +26,7 @@ from aiodist.errors import DistError, DistTypeError, DistValueError, Unsupported
 from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp, as_reduce_op
 from aiodist.runtime.timeouts import as_seconds
+from aiodist.settings import Settings
 from aiodist.sync import _torch_default
 from aiodist.sync._bridge import call, on_loop, run, start_p2p
 from aiodist.sync._launch import profiling, run_op
@@ -321,9 +322,11 @@ def init_process_group(
     global _backend_name
     _refuse_pg_options("init_process_group", pg_options)
     name = _backend_for_cpu(backend)
-    for_torch = _torch_default.mode(torch_default_group)  # a bad value fails before the rendezvous
+    settings = Settings.read()  # every variable, once: a bad value fails before the rendezvous
+    for_torch = _torch_default.mode(torch_default_group, settings)
     run(
-        _world.init_process_group(
+        _world.init_job(
+            settings,
             name,
             init_method,
             rank=rank,

@@ -13,35 +13,30 @@ How it is done: ``aiodist.torch._default_group``.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
 from aiodist.errors import DistValueError
+from aiodist.settings import Settings, torch_default_group
 
 __all__ = ["MODE_VAR", "initialise_for_torch", "mode", "release_for_torch"]
 
 MODE_VAR = "AIODIST_TORCH_DEFAULT_GROUP"
-_MODES = ("auto", "1", "0")
 
 # torch's default group made by the last init (None: none), destroyed with the sync face's.
 _torch_group: Any = None
 
 
-def mode(given: str | None = None) -> str:
+def mode(given: str | None, settings: Settings) -> str:
     """``given`` (``init_process_group``'s ``torch_default_group``), else
     ``AIODIST_TORCH_DEFAULT_GROUP`` (``auto`` when unset).
 
     Raises:
         DistValueError: a value other than auto, 1 or 0.
     """
-    if given is not None:
-        value, source = str(given).strip().lower(), "torch_default_group"
-    else:
-        value, source = os.environ.get(MODE_VAR, "").strip().lower() or "auto", MODE_VAR
-    if value not in _MODES:
-        raise DistValueError(f"{source}={value!r}: use auto, 1 or 0")
-    return value
+    if given is None:
+        return settings.torch_default_group
+    return torch_default_group(str(given), "torch_default_group")
 
 
 def _wanted(how: str) -> bool:

@@ -8,6 +8,7 @@ from typing import TypeVar
 
 from aiodist.group import ProcessGroup
 from aiodist.runtime import origin as _origin
+from aiodist.settings import Settings
 from aiodist.transport.memory import MemoryFabric
 
 __all__ = ["memory_world", "run_memory_world"]
@@ -30,7 +31,8 @@ def memory_world(
     one-host direct algorithms then runs them). ``host_algos``: ``AIODIST_HOST_ALGOS`` as the
     ranks agreed on it (``"direct"``: the one-host direct forms whatever carries the data).
     """
-    fabric = MemoryFabric(world_size)
+    # Read as an init reads them (the process-wide ones, such as the debug level, applied).
+    fabric = MemoryFabric(world_size, settings=Settings.read().apply())
     if hosts is not None:
         if len(hosts) != world_size:
             raise ValueError(f"hosts names {len(hosts)} ranks, the world has {world_size}")

@@ -17,7 +17,6 @@ import contextlib
 import datetime
 import hashlib
 import logging
-import os
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -30,14 +29,13 @@ from aiodist.errors import DistError
 from aiodist.group import ProcessGroup
 from aiodist.rendezvous import local_address_towards, torchelastic
 from aiodist.runtime.loop_thread import LoopThread, get_loop_thread
-from aiodist.runtime.origin import task_check_from_env
+from aiodist.settings import Settings
 from aiodist.store import PrefixStore
 from aiodist.store.c10d import TorchStore
 from aiodist.torch._adapter import Adapter
 from aiodist.torch._build import ExtensionBuildError, load_extension
 from aiodist.transport.base import Transport, exit_goodbye
 from aiodist.transport.mesh import claim_rank, connect_mesh
-from aiodist.wire.handshake import secret_from_env
 
 __all__ = ["BACKEND_NAME", "SHARED_GIDS", "create_backend", "lend_world"]
 
@@ -123,7 +121,7 @@ def _group_id(name: str) -> int:
     return (1 << 60) | int.from_bytes(hashlib.blake2b(name.encode(), digest_size=7).digest(), "big")
 
 
-def _host_of(store: Any) -> str:
+def _host_of(store: Any, settings: Settings) -> str:
     """The address peers reach this rank at: the interface towards torch's TCPStore host."""
     from torch._C._distributed_c10d import PrefixStore as TorchPrefixStore
     from torch._C._distributed_c10d import TCPStore
@@ -132,28 +130,29 @@ def _host_of(store: Any) -> str:
     while isinstance(s, TorchPrefixStore):
         s = s.underlying_store
     if isinstance(s, TCPStore):
-        return local_address_towards(s.host)
-    return local_address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+        return local_address_towards(s.host, settings)
+    return local_address_towards(settings.master_addr or "127.0.0.1", settings)
 
 
-async def _connect(store: Any, rank: int, size: int, name: str, timeout: float) -> _Mesh:
+async def _connect(store: Any, rank: int, size: int, name: str, timeout: float, settings: Settings) -> _Mesh:
     attempt = _attempts[name] = _attempts.get(name, 0) + 1
     # Under torchrun the store outlives a restart of the worker group, whose processes count
     # their groups from 1 again: the restart count keeps each attempt's keys apart.
-    restart = torchelastic.restart_attempt()
+    restart = settings.restart_attempt()
     aio_store = PrefixStore(f"aiodist/attempt_{restart}/{attempt}", TorchStore(store, timeout))
-    secret = secret_from_env()
-    if secret is None and torchelastic.uses_agent_store():
+    secret = settings.secret
+    if secret is None and settings.agent_store:
         secret = await torchelastic.peer_secret(aio_store)  # torchrun sets none; see that module
-    me = await claim_rank(aio_store, rank, size)
+    me = await claim_rank(aio_store, rank, size, settings)
     transport = await connect_mesh(
         aio_store,
         me,
         size,
         group_name=f"torch/{name}",
         secret=secret,
-        host=_host_of(store),
+        host=_host_of(store, settings),
         timeout=timeout,
+        settings=settings,
     )
     with _lock:
         factory = _stager_factory
@@ -211,6 +210,7 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
     global _job_mesh, _exit_hook
     if backend_options is not None:
         raise ValueError("the aiodist backend takes no pg_options")
+    settings = Settings.read()  # a bad value fails here, before any rank connects
     others = _other_backends_in_group()
     if "cuda:nccl" in others and not _nccl_available():
         # torch would refuse the NCCL half itself, but only after this half connected every rank
@@ -224,7 +224,7 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
         lent = _lent if not opts.global_ranks_in_group else None
         python_only = _job_mesh is not None and _job_mesh.python_only and bool(opts.global_ranks_in_group)
     # Lending the sync face's world builds nothing unasked: the Python-only level unless "cpp".
-    ext = None if python_only else _extension_or_none(build=lent is None)
+    ext = None if python_only else _extension_or_none(settings.torch_backend, build=lent is None)
     if ext is None and others:
         # torch puts a Python group in the place of the whole group and creates no other
         # backend after it: the other devices' backends would be silently dropped.
@@ -256,7 +256,7 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
         if lent is not None:
             mesh = _lent_mesh(lent, rank, size, python_only=ext is None)
         else:
-            mesh = lt.run(_connect(opts.store, rank, size, name, seconds))
+            mesh = lt.run(_connect(opts.store, rank, size, name, seconds, settings))
         owns, ranks, gid = True, list(range(size)), mesh.gid_base | (_group_id(name) if lent else 0)
         with _lock:
             _open_meshes.append(mesh)
@@ -277,7 +277,7 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
             backend=BACKEND_NAME,
             name=label,
             runs_on=staged,
-            task_check=task_check_from_env(),
+            task_check=mesh.transport.settings.task_check,
         )
         mesh.groups.append(g)
         mesh.transport.torch_groups[name] = g
@@ -364,22 +364,18 @@ def adapter_of(group_name: str) -> Adapter | None:
         return _adapters.get(group_name)
 
 
-_LEVELS = ("auto", "cpp", "python")
 _warned_fallback = False
 
 
-def _extension_or_none(build: bool = True) -> Any:
+def _extension_or_none(level: str, build: bool = True) -> Any:
     """The C++ extension, or None for the Python-only level.
 
-    ``AIODIST_TORCH_BACKEND``: "cpp" (the extension or an error), "python" (the Python-only
-    level), unset or "auto" (the extension; where it cannot be built, the Python-only level
+    ``level`` (``AIODIST_TORCH_BACKEND``): "cpp" (the extension or an error), "python" (the
+    Python-only level), "auto" (the extension; where it cannot be built, the Python-only level
     with a warning that says what that level cannot do; with ``build=False``, the Python-only
     level: the first build takes tens of seconds).
     """
     global _warned_fallback
-    level = os.environ.get("AIODIST_TORCH_BACKEND", "").strip().lower() or "auto"
-    if level not in _LEVELS:
-        raise ValueError(f"AIODIST_TORCH_BACKEND must be one of {', '.join(_LEVELS)}, got {level!r}")
     if level == "python" or (level == "auto" and not build):
         return None
     try:

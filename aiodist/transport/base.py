@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import sys
 from abc import ABC, abstractmethod
 from collections import deque
@@ -29,6 +28,7 @@ from typing import Any
 
 from aiodist.errors import CollectiveMismatchError, DistError, DistNetworkError, GroupOutOfStepError
 from aiodist.runtime.origin import OriginBook
+from aiodist.settings import UNEXPECTED_CAP, Settings
 from aiodist.wire.control import Control, Goodbye
 from aiodist.wire.fingerprint import ORDER_HINT, Fingerprint, OpFingerprint, describe_all
 from aiodist.wire.messages import Key
@@ -52,10 +52,6 @@ COLL = 0
 P2P = 1
 CTRL = 2  # group-internal control traffic (e.g. DETAIL-mode checks)
 
-# Bytes of messages held because they arrived before their receive was posted (per
-# transport). ``AIODIST_UNEXPECTED_CAP`` overrides it.
-_DEFAULT_UNEXPECTED_CAP = 1 << 30
-
 # How many completed collectives each mailbox remembers, to recognise their late messages.
 _FINISHED_KEPT = 4096
 
@@ -63,15 +59,6 @@ _FINISHED_KEPT = 4096
 # resync sends one proposal per member and retry; a state query one per timeout).
 _EARLY_GROUPS_KEPT = 64
 _EARLY_CONTROL_KEPT = 1024
-
-
-def unexpected_cap_from_env() -> int:
-    """``AIODIST_UNEXPECTED_CAP`` (bytes) or 1 GiB."""
-    try:
-        value = int(os.environ.get("AIODIST_UNEXPECTED_CAP", _DEFAULT_UNEXPECTED_CAP))
-    except ValueError:
-        return _DEFAULT_UNEXPECTED_CAP
-    return value if value > 0 else _DEFAULT_UNEXPECTED_CAP
 
 
 def describe_fingerprint(fp: Fingerprint | None) -> str:
@@ -180,12 +167,12 @@ class Mailbox:
         self,
         rank: int,
         loop: asyncio.AbstractEventLoop,
-        unexpected_cap: int | None = None,
+        unexpected_cap: int = UNEXPECTED_CAP,
         on_mismatch: Callable[[int, Key, Fingerprint | None, Fingerprint | None], None] | None = None,
     ) -> None:
         self.rank = rank
         self.loop = loop
-        self.unexpected_cap = unexpected_cap_from_env() if unexpected_cap is None else unexpected_cap
+        self.unexpected_cap = unexpected_cap
         self.unexpected_bytes = 0
         self.on_mismatch = on_mismatch
         # Called when held messages were consumed or dropped, and when a receive is queued
@@ -522,11 +509,19 @@ class Transport(ABC):
     world_size: int
     mailbox: Mailbox
 
-    def __init__(self, rank: int, world_size: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        loop: asyncio.AbstractEventLoop,
+        settings: Settings | None = None,
+    ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.loop = loop
-        self.mailbox = Mailbox(rank, loop, on_mismatch=self._report_mismatch)
+        # The job's settings (read from the environment here when none are given).
+        self.settings = Settings.read() if settings is None else settings
+        self.mailbox = Mailbox(rank, loop, self.settings.unexpected_cap, on_mismatch=self._report_mismatch)
         self.mailbox.on_late = self._late_message
         self._peer_lost_listeners: list[PeerLostListener] = []
         self._peer_gone_listeners: list[PeerLostListener] = []

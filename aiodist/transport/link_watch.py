@@ -28,45 +28,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
 import socket
 import struct
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from aiodist.errors import DistValueError
-
-__all__ = ["LINK_TIMEOUT", "LinkWatch", "link_timeout_from_env"]
-
-#: Default of ``AIODIST_LINK_TIMEOUT``, seconds: long enough to ride out a switch's failover
-#: or a spanning-tree reconvergence, far shorter than a group's default timeout.
-LINK_TIMEOUT = 60.0
+__all__ = ["LinkWatch"]
 
 # struct tcp_info (linux/tcp.h): tcpi_probes (u8 at 3), tcpi_unacked (u32 at 24),
 # tcpi_last_ack_recv (u32, ms, at 56), tcpi_notsent_bytes (u32 at 144, since Linux 4.6).
 _TCP_INFO = getattr(socket, "TCP_INFO", None) if sys.platform.startswith("linux") else None
 _TCP_INFO_BYTES = 148
 _NOTSENT_AT = 144
-
-
-def link_timeout_from_env(default: float = LINK_TIMEOUT) -> float:
-    """``AIODIST_LINK_TIMEOUT``: seconds a peer's host may leave us unacknowledged before the
-    connection to it counts as lost (0: never, as far as aiodist is concerned).
-
-    Raises:
-        DistValueError: not a number of seconds >= 0.
-    """
-    raw = os.environ.get("AIODIST_LINK_TIMEOUT", "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not (value >= 0 and math.isfinite(value)):
-        raise DistValueError(f"AIODIST_LINK_TIMEOUT={raw!r}: give seconds, e.g. 60 (0: no limit)")
-    return value
 
 
 def unanswered_ms(sock: Any) -> int:

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Awaitable
 
 from aiodist.errors import DistNetworkError
+from aiodist.settings import Settings
 from aiodist.transport.base import Fingerprint, Key, Transport
 from aiodist.wire.control import Control, Goodbye
 
@@ -20,9 +21,15 @@ __all__ = ["MemoryFabric", "MemoryTransport"]
 class MemoryFabric:
     """The shared medium of one in-process job: ``fabric.transports[r]`` is rank r's end."""
 
-    def __init__(self, world_size: int, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(
+        self,
+        world_size: int,
+        loop: asyncio.AbstractEventLoop | None = None,
+        settings: Settings | None = None,
+    ) -> None:
         loop = loop or asyncio.get_running_loop()
-        self.transports = [MemoryTransport(self, r, world_size, loop) for r in range(world_size)]
+        settings = Settings.read() if settings is None else settings
+        self.transports = [MemoryTransport(self, r, world_size, loop, settings) for r in range(world_size)]
 
     def kill(self, rank: int) -> None:
         """Simulate rank ``rank`` dying: every other rank sees it lost."""
@@ -31,9 +38,14 @@ class MemoryFabric:
 
 class MemoryTransport(Transport):
     def __init__(
-        self, fabric: MemoryFabric, rank: int, world_size: int, loop: asyncio.AbstractEventLoop
+        self,
+        fabric: MemoryFabric,
+        rank: int,
+        world_size: int,
+        loop: asyncio.AbstractEventLoop,
+        settings: Settings | None = None,
     ) -> None:
-        super().__init__(rank, world_size, loop)
+        super().__init__(rank, world_size, loop, settings)
         self._fabric = fabric
         self._done: asyncio.Future[None] = loop.create_future()
         self._done.set_result(None)

@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass
 from aiodist.errors import DistError, DistStoreError, DistTimeoutError, DistValueError, name_ranks
 from aiodist.runtime import host as _host
 from aiodist.runtime.progress import every
+from aiodist.settings import Settings
 from aiodist.store import Store
 from aiodist.store.base import StoreShutDownError
 from aiodist.transport.base import Transport
@@ -58,27 +59,6 @@ log = logging.getLogger("aiodist")
 _POLL = 0.05
 # How long the second claimant of a rank waits for the first one's identity (set right after its claim).
 _CLAIMANT_WAIT = 2.0
-
-
-#: ``AIODIST_HOST_ALGOS``: which host-aware collectives may run (``aiodist.collectives.select``).
-HOST_ALGOS_MODES = ("auto", "flat", "direct")
-
-
-def host_algos() -> str:
-    """``AIODIST_HOST_ALGOS``: ``auto`` (default), ``flat`` or ``direct``, read when a job starts.
-
-    Raises:
-        DistValueError: any other value.
-    """
-    mode = os.environ.get("AIODIST_HOST_ALGOS", "").strip().lower() or "auto"
-    if mode not in HOST_ALGOS_MODES:
-        raise DistValueError(f"AIODIST_HOST_ALGOS={mode!r}: use one of {', '.join(HOST_ALGOS_MODES)}")
-    return mode
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name, "")
-    return int(value) if value.strip().lstrip("-").isdigit() else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,18 +79,18 @@ class Identity:
     machine: str = ""  # equal for the processes of one machine, whatever their hosts (boot id)
 
     @classmethod
-    def here(cls, rank: int, world_size: int) -> Identity:
-        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    def here(cls, rank: int, world_size: int, settings: Settings) -> Identity:
+        restart = settings.restart_count
         return cls(
             rank,
             world_size,
             socket.gethostname(),
             os.getpid(),
-            _env_int("GROUP_RANK"),
-            _env_int("LOCAL_RANK"),
-            _env_int("LOCAL_WORLD_SIZE"),
+            settings.node_rank,
+            settings.local_rank,
+            settings.local_world_size,
             _host.host_id(),
-            (_env_int("TORCHELASTIC_RESTART_COUNT") or 0) if agent else None,
+            (int(restart) if restart.isdigit() else 0) if settings.agent_store else None,
             _host.machine_id(),
         )
 
@@ -283,7 +263,9 @@ async def namespace(
         await asyncio.sleep(_POLL)
 
 
-async def claim_rank(store: Store, rank: int, world_size: int, *, addr: str | None = None) -> int:
+async def claim_rank(
+    store: Store, rank: int, world_size: int, settings: Settings, *, addr: str | None = None
+) -> int:
     """Take ``rank`` (or the next free one when -1); fail fast, on every rank, if the job is inconsistent.
 
     The first arrival records its world size; a later rank that says another one fails the
@@ -299,7 +281,7 @@ async def claim_rank(store: Store, rank: int, world_size: int, *, addr: str | No
     auto = rank == -1
     if auto:
         rank = await store.add("rank_counter", 1) - 1
-    me = Identity.here(rank, world_size)
+    me = Identity.here(rank, world_size, settings)
     first = Identity.decode(await store.compare_set("world_size", "", me.encode()))
     if first is not None and first.world_size != world_size:
         raise await _fail(store, world_size_disagreement(first, me))
@@ -336,6 +318,7 @@ async def connect_mesh(
     secret: bytes | None,
     host: str,
     timeout: float,
+    settings: Settings,
 ) -> TcpTransport:
     """Connect this rank to every other rank of the job; returns the ready transport.
 
@@ -345,9 +328,10 @@ async def connect_mesh(
     deadline = _Deadline(timeout)
     seen = _Seen()
     unconnected = set(range(world_size)) - {rank}
-    async with every(_progress_report(rank, world_size, deadline, seen, unconnected)):
+    report = _progress_report(rank, world_size, deadline, seen, unconnected)
+    async with every(report, settings.rendezvous_log_interval):
         return await _connect_mesh(
-            store, rank, world_size, (group_name, secret, host), deadline, seen, unconnected
+            store, rank, world_size, (group_name, secret, host, settings), deadline, seen, unconnected
         )
 
 
@@ -397,14 +381,14 @@ async def _connect_mesh(
     store: Store,
     rank: int,
     world_size: int,
-    how: tuple[str, bytes | None, str],  # group name, secret, host to listen on
+    how: tuple[str, bytes | None, str, Settings],  # group name, secret, host to listen on, settings
     deadline: _Deadline,
     seen: _Seen,
     unconnected: set[int],
 ) -> TcpTransport:
-    group_name, secret, host = how
+    group_name, secret, host, settings = how
     try:
-        mode = host_algos()  # checked before connecting: a bad value fails every rank at once
+        mode = settings.checked_host_algos()  # before connecting: a bad value fails every rank at once
     except DistValueError as exc:
         raise await _fail(store, f"rendezvous failed: rank {rank}: {exc}") from None
     if rank == 0:
@@ -414,7 +398,7 @@ async def _connect_mesh(
     except DistTimeoutError:
         raise _missing_error(seen, world_size, deadline) from None
     job = f"{group_name}/{(await store.get('job')).decode()}"
-    transport = TcpTransport(rank, world_size, job=job, secret=secret)
+    transport = TcpTransport(rank, world_size, job=job, secret=secret, settings=settings)
     try:
         port = await transport.listen(host)
         await store.set(f"addr/{rank}", f"{host}:{port}")

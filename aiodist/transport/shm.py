@@ -49,8 +49,9 @@ from typing import Any
 
 import msgpack
 
-from aiodist.errors import DistNetworkError, DistValueError
+from aiodist.errors import DistNetworkError
 from aiodist.runtime import host as _host
+from aiodist.settings import Settings
 from aiodist.transport.base import DISCARD, Fingerprint, Key, Mailbox, PendingRecv
 from aiodist.transport.shm_segment import (
     DESC_SLOTS,
@@ -86,7 +87,7 @@ from aiodist.wire.shm import (
     decode_record_header,
 )
 
-__all__ = ["ShmPaths", "shm_mode_from_env"]
+__all__ = ["ShmPaths"]
 
 log = logging.getLogger("aiodist.transport")
 
@@ -113,26 +114,10 @@ SETUP_TIMEOUT = 5.0
 _OFF, _PENDING, _ON = 0, 1, 2
 
 
-def shm_mode_from_env() -> str:
-    """``AIODIST_SHM``: "1" (default: shared memory between ranks of a host, single-copy reads
-    where the kernel allows them), "0" (off: TCP only), "copy" (shared memory, two copies)."""
-    raw = os.environ.get("AIODIST_SHM", "").strip().lower()
-    if raw in ("", "1", "on", "true", "yes"):
-        return "on"
-    if raw in ("0", "off", "false", "no"):
-        return "off"
-    if raw == "copy":
-        return "copy"
-    raise DistValueError(f"AIODIST_SHM must be 1, 0 or copy, got {raw!r}")
-
-
-def job_token(job: str) -> str:
-    """The job part of segment names: ``AIODIST_SHM_JOB`` (set by the launcher, which sweeps
-    what its workers leave), else a hash of the transport's job id."""
-    env = os.environ.get("AIODIST_SHM_JOB", "").strip()
-    if env and env.isalnum() and len(env) <= 64:
-        return env
-    return hashlib.sha256(job.encode()).hexdigest()[:12]
+def job_token(job: str, named: str) -> str:
+    """The job part of segment names: ``named`` (``AIODIST_SHM_JOB``, set by the launcher, which
+    sweeps what its workers leave), else a hash of the transport's job id."""
+    return named or hashlib.sha256(job.encode()).hexdigest()[:12]
 
 
 class _Send:
@@ -790,6 +775,7 @@ class ShmPaths:
         loop: asyncio.AbstractEventLoop,
         mailbox: Mailbox,
         job: str,
+        settings: Settings,
         *,
         send_frame: Callable[[int, ShmMessage], None],
         room_for: Callable[[int], bool],
@@ -800,9 +786,9 @@ class ShmPaths:
         self.rank = rank
         self.loop = loop
         self.mailbox = mailbox
-        self.mode = shm_mode_from_env()
+        self.mode = settings.shm
         self.host = _host.host_id()
-        self.job = job_token(job)
+        self.job = job_token(job, settings.shm_job)
         self.pid = os.getpid()
         self.links: dict[int, _Link] = {}
         self.send_frame = send_frame

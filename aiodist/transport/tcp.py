@@ -47,8 +47,9 @@ from typing import Any, cast
 
 from aiodist.errors import DistError, DistNetworkError, DistTimeoutError
 from aiodist.runtime import busy_poll as _busy_poll
+from aiodist.settings import Settings
 from aiodist.transport.base import DISCARD, Fingerprint, Key, PendingRecv, Transport
-from aiodist.transport.link_watch import LinkWatch, link_timeout_from_env
+from aiodist.transport.link_watch import LinkWatch
 from aiodist.transport.shm import SETUP_TIMEOUT, ShmPaths
 from aiodist.wire.control import Control, Goodbye
 from aiodist.wire.frames import PAUSE, SKIP, FrameReader, Limits, ProtocolError, encode_frame
@@ -58,7 +59,6 @@ from aiodist.wire.handshake import (
     Hello,
     Refusal,
     accept_hello,
-    handshake_timeout_from_env,
     make_challenge,
     make_hello,
     make_welcome,
@@ -86,7 +86,6 @@ log = logging.getLogger("aiodist.transport")
 # Payloads up to this size are joined with their header into one bytes object: one small
 # copy is cheaper than a second buffer in the write queue.
 _SMALL_PAYLOAD = 16 * 1024
-HANDSHAKE_TIMEOUT = 10.0  # default of AIODIST_HANDSHAKE_TIMEOUT
 MAX_PENDING_HANDSHAKES = 256
 PEER_LIMITS = Limits(max_header=64 * 1024, max_payload=1 << 40)
 # Before authentication: handshake messages only, no payload, nothing big to decode.
@@ -614,8 +613,9 @@ class TcpTransport(Transport):
         job: str,
         secret: bytes | None,
         loop: asyncio.AbstractEventLoop | None = None,
+        settings: Settings | None = None,
     ) -> None:
-        super().__init__(rank, world_size, loop or asyncio.get_running_loop())
+        super().__init__(rank, world_size, loop or asyncio.get_running_loop(), settings)
         self.job = job
         self.secret = secret
         self._done: asyncio.Future[None] = self.loop.create_future()
@@ -630,8 +630,8 @@ class TcpTransport(Transport):
         self._incoming = 0  # unexpected payload bytes being read right now
         self._retry_scheduled = False
         self._closing = False
-        self.handshake_timeout = handshake_timeout_from_env(HANDSHAKE_TIMEOUT)
-        self.link_timeout = link_timeout_from_env()
+        self.handshake_timeout = self.settings.handshake_timeout
+        self.link_timeout = self.settings.link_timeout
         self._links = LinkWatch(self.loop, self.link_timeout, self._link_silent)
         self.mailbox.on_drain = self._schedule_retry
         self.mailbox.on_post = self._schedule_retry
@@ -641,6 +641,7 @@ class TcpTransport(Transport):
             self.loop,
             self.mailbox,
             job,
+            self.settings,
             send_frame=self._send_shm_frame,
             room_for=self._room_for,
             reserve=self._reserve,

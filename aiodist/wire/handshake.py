@@ -36,8 +36,6 @@ __all__ = [
     "make_hello",
     "make_welcome",
     "parse_challenge",
-    "handshake_timeout_from_env",
-    "secret_from_env",
     "verify_welcome",
 ]
 
@@ -163,18 +161,3 @@ def verify_welcome(challenge: Challenge, hello: Hello, msg: Any, job: str, secre
     if not hmac.compare_digest(expected, mac):
         raise AuthError("peer failed to prove it knows AIODIST_SECRET")
     return Welcome(rank, mac)
-
-
-def handshake_timeout_from_env(default: float = 10.0) -> float:
-    """Seconds a new connection has to authenticate: ``AIODIST_HANDSHAKE_TIMEOUT`` or ``default``."""
-    try:
-        value = float(os.environ.get("AIODIST_HANDSHAKE_TIMEOUT", default))
-    except ValueError:
-        return default
-    return value if value > 0 else default
-
-
-def secret_from_env() -> bytes | None:
-    """``AIODIST_SECRET`` as bytes, or None when unset or empty."""
-    value = os.environ.get("AIODIST_SECRET", "")
-    return value.encode() if value else None

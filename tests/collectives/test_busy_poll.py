@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from aiodist.errors import DistTimeoutError, DistValueError
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.runtime import host as _host
 from aiodist.runtime.loop_thread import get_loop_thread
+from aiodist.settings import Settings
 from aiodist.testing.memory import memory_world
 
 pytestmark = pytest.mark.timeout(60)
@@ -26,48 +28,60 @@ pytestmark = pytest.mark.timeout(60)
 # -- configuration ---------------------------------------------------------------------------
 
 
-def test_budget_defaults_to_200us_when_every_rank_has_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def settings_reset() -> Iterator[None]:
+    yield
+    _busy_poll.configure(None)
+
+
+def _budget_as_read() -> float:
+    """The budget once the job's settings are applied, as ``init_process_group`` applies them."""
+    Settings.read().apply()
+    return _busy_poll.budget()
+
+
+def test_budget_defaults_to_200us_when_every_rank_has_a_core(
+    monkeypatch: pytest.MonkeyPatch, settings_reset: None
+) -> None:
     monkeypatch.delenv("AIODIST_BUSY_POLL_US", raising=False)
     monkeypatch.setattr(_host, "has_core_per_rank", lambda: True)
-    assert _busy_poll.budget_from_env() == pytest.approx(200e-6)
+    assert _budget_as_read() == pytest.approx(200e-6)
 
 
-def test_budget_defaults_to_off_on_an_oversubscribed_host(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_budget_defaults_to_off_on_an_oversubscribed_host(
+    monkeypatch: pytest.MonkeyPatch, settings_reset: None
+) -> None:
     """Polling there would take the core another rank needs."""
     monkeypatch.delenv("AIODIST_BUSY_POLL_US", raising=False)
     monkeypatch.setattr(_host, "has_core_per_rank", lambda: False)
-    assert _busy_poll.budget_from_env() == 0.0
+    assert _budget_as_read() == 0.0
 
 
 @pytest.mark.parametrize(
     ("raw", "seconds"), [("50", 50e-6), ("0", 0.0), (" 1000.5 ", 1000.5e-6), ("-3", 0.0)]
 )
-def test_budget_from_env(monkeypatch: pytest.MonkeyPatch, raw: str, seconds: float) -> None:
+def test_budget_from_env(
+    monkeypatch: pytest.MonkeyPatch, settings_reset: None, raw: str, seconds: float
+) -> None:
     monkeypatch.setattr(_host, "has_core_per_rank", lambda: False)  # an explicit value wins
     monkeypatch.setenv("AIODIST_BUSY_POLL_US", raw)
-    assert _busy_poll.budget_from_env() == pytest.approx(seconds)
+    assert _budget_as_read() == pytest.approx(seconds)
 
 
 def test_bad_budget_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIODIST_BUSY_POLL_US", "lots")
     with pytest.raises(DistValueError, match=r"AIODIST_BUSY_POLL_US.*'lots'"):
-        _busy_poll.budget_from_env()
+        Settings.read()
 
 
 def test_host_counts_ranks_from_the_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
-    _host.local_ranks.cache_clear()
-    try:
-        monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
-        monkeypatch.setenv("WORLD_SIZE", "8")
-        assert _host.local_ranks() == 3  # the ranks of this host, not of the job
-        _host.local_ranks.cache_clear()
-        monkeypatch.delenv("LOCAL_WORLD_SIZE")
-        assert _host.local_ranks() == 8
-        _host.local_ranks.cache_clear()
-        monkeypatch.setenv("WORLD_SIZE", "x")
-        assert _host.local_ranks() == 1
-    finally:
-        _host.local_ranks.cache_clear()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert Settings.read().ranks_on_host == 3  # the ranks of this host, not of the job
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert Settings.read().ranks_on_host == 8
+    monkeypatch.setenv("WORLD_SIZE", "x")
+    assert Settings.read().ranks_on_host == 1
 
 
 # -- the poller on a loop ----------------------------------------------------------------------

@@ -26,6 +26,7 @@ from aiodist.collectives.context import OpContext
 from aiodist.collectives.topology import host_map
 from aiodist.group import ProcessGroup
 from aiodist.ops import SUPPORTED_DTYPE_NAMES, ReduceOp, dtype_from_name
+from aiodist.settings import Settings
 from aiodist.testing import run_memory_world
 from aiodist.transport import mesh
 from aiodist.transport.memory import MemoryTransport
@@ -178,10 +179,10 @@ def test_choice_follows_the_layout_and_the_switch() -> None:
 
 def test_the_switch_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(select.HOST_ALGOS_ENV, "Direct ")
-    assert mesh.host_algos() == "direct"
+    assert Settings.read().checked_host_algos() == "direct"
     monkeypatch.setenv(select.HOST_ALGOS_ENV, "bogus")
     with pytest.raises(ValueError, match="AIODIST_HOST_ALGOS='bogus': use one of auto, flat, direct"):
-        mesh.host_algos()
+        Settings.read().checked_host_algos()
 
 
 # -- every operation, every layout ------------------------------------------------------------------

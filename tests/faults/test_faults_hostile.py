@@ -235,7 +235,7 @@ def test_jobs_survive_garbage_floods_and_intruders(tmp_path: Path) -> None:
     assert any("refused 127.0.0.1:" in line and "authentication" in line for line in warnings), warnings
 
 
-async def _pickle_job(rank: int, size: int, out: str, port2: int) -> dict[str, Any]:
+async def _pickle_job(rank: int, size: int, out: str, port2: int, port3: int) -> dict[str, Any]:
     os.environ.pop("AIODIST_SECRET", None)
     os.environ.pop("AIODIST_ALLOW_PICKLE", None)
     await dist.init_process_group("tcp", "env://", timeout=30)
@@ -252,8 +252,18 @@ async def _pickle_job(rank: int, size: int, out: str, port2: int) -> dict[str, A
     except DistError as exc:
         res["refused"] = str(exc)
     res["trap_after_refusal"] = Path(trap).exists()
+    # The opt-in is read when a job starts: set while the job runs, it changes nothing.
     os.environ["AIODIST_ALLOW_PICKLE"] = "1"
     objs = [Trap(trap)] if rank == 0 else [None]
+    try:
+        await dist.broadcast_object_list(objs, 0)
+        res["refused_mid_job"] = "no error"
+    except DistError as exc:
+        res["refused_mid_job"] = str(exc)
+    await dist.destroy_process_group()
+    # a job started with the opt-in
+    os.environ["MASTER_PORT"] = str(port2)
+    await dist.init_process_group("tcp", "env://", timeout=30)
     await dist.broadcast_object_list(objs, 0)
     res["trap_after_opt_in"] = Path(trap).exists()
     await dist.barrier()
@@ -262,7 +272,7 @@ async def _pickle_job(rank: int, size: int, out: str, port2: int) -> dict[str, A
     await dist.destroy_process_group()
     # authenticated peers may pickle
     os.environ.pop("AIODIST_ALLOW_PICKLE")
-    os.environ.update(AIODIST_SECRET="pickle-job-secret", MASTER_PORT=str(port2))
+    os.environ.update(AIODIST_SECRET="pickle-job-secret", MASTER_PORT=str(port3))
     await dist.init_process_group("tcp", "env://", timeout=30)
     objs = [Trap(trap)] if rank == 0 else [None]
     await dist.broadcast_object_list(objs, 0)
@@ -272,11 +282,12 @@ async def _pickle_job(rank: int, size: int, out: str, port2: int) -> dict[str, A
 
 
 def test_pickle_only_from_authenticated_peers_or_with_opt_in(tmp_path: Path) -> None:
-    res = spawn(_pickle_job, 2, args=(str(tmp_path), free_port()), timeout=60)
+    res = spawn(_pickle_job, 2, args=(str(tmp_path), free_port(), free_port()), timeout=90)
     receiver = res[1]
     assert receiver["plain"] == [{"a": [1, 2.5, "x", b"y", None, True]}, (3, 4)]
     assert "not unpickled" in receiver["refused"] and "rank 0" in receiver["refused"]
     assert receiver["trap_after_refusal"] is False  # row 17: a refused pickle never ran
+    assert "not unpickled" in receiver["refused_mid_job"]
     assert receiver["trap_after_opt_in"] is True
     assert receiver["trap_with_secret"] is True
 

@@ -31,7 +31,10 @@ SCRIPT = textwrap.dedent(
 
     kind, path = sys.argv[1], sys.argv[2]
     T = 1.0
-    N = (24 << 20) // 4 if kind == "broadcast" else (4 << 20) // 4  # 3 chunks of 8 MiB; 4 MiB
+    # broadcast: 3 chunks of 8 MiB. p2p: 4 MiB; over TCP more than the kernel's socket buffers
+    # can hold (loopback autotunes a receive buffer up to tcp_rmem's 32 MiB here), so that the
+    # send is still in flight when the receiver stalls.
+    N = (24 << 20) // 4 if kind == "broadcast" else ((64 << 20) if path == "tcp" else (4 << 20)) // 4
     STEPS = 10
 
     def stall_at(nth_call):

@@ -194,7 +194,7 @@ def job() -> list[dict[str, Any]]:
 
 
 def test_debug_level_functions_read_and_write_aiodist_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    from aiodist.collectives.detail import detail_enabled
+    from aiodist.settings import detail_on as detail_enabled
 
     monkeypatch.delenv("AIODIST_DEBUG", raising=False)
     monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG", raising=False)

@@ -13,6 +13,7 @@ import uvloop
 
 import aiodist
 from aiodist.runtime import origin
+from aiodist.settings import Settings
 from aiodist.transport.base import describe_disagreement
 from aiodist.wire.fingerprint import ORDER_HINT, OpFingerprint
 
@@ -236,12 +237,12 @@ def test_every_member_judges_a_detail_table_alike() -> None:
 
 def test_task_check_from_the_environment(monkeypatch: Any) -> None:
     monkeypatch.setenv("AIODIST_TASK_CHECK", "Strict")
-    assert origin.task_check_from_env() == "strict"
+    assert Settings.read().task_check == "strict"
     monkeypatch.setenv("AIODIST_TASK_CHECK", "")
-    assert origin.task_check_from_env() == "auto"
+    assert Settings.read().task_check == "auto"
     monkeypatch.setenv("AIODIST_TASK_CHECK", "maybe")
     try:
-        origin.task_check_from_env()
+        Settings.read()
     except ValueError as exc:
         assert "AIODIST_TASK_CHECK" in str(exc)
     else:
