@@ -222,7 +222,9 @@ class Settings:
     rendezvous_log_interval: float = RENDEZVOUS_LOG_INTERVAL  # AIODIST_RENDEZVOUS_LOG_INTERVAL
     log_level: int | None = None  # AIODIST_LOG_LEVEL
     torch_backend: str = "auto"  # AIODIST_TORCH_BACKEND: auto | cpp | python
-    torch_default_group: str = "auto"  # AIODIST_TORCH_DEFAULT_GROUP: auto | 1 | 0
+    # AIODIST_TORCH_DEFAULT_GROUP as given (auto | 1 | 0): checked by the sync face's init, where
+    # its own argument, when given, takes precedence (``torch_default_group``).
+    torch_default_group: str = ""
     # -- what the launcher (aiodist-run, torchrun, mpirun, Slurm) says about this process
     # (variable, value) of the first of RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID set,
     # and of WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS: parsed where they are
@@ -273,9 +275,7 @@ class Settings:
             ),
             log_level=_log_level(env),
             torch_backend=_choice(env, "AIODIST_TORCH_BACKEND", TORCH_BACKEND_LEVELS),
-            torch_default_group=torch_default_group(
-                env.get("AIODIST_TORCH_DEFAULT_GROUP", ""), "AIODIST_TORCH_DEFAULT_GROUP"
-            ),
+            torch_default_group=env.get("AIODIST_TORCH_DEFAULT_GROUP", ""),
             rank_var=_first_set(env, _RANK_VARS),
             world_size_var=_first_set(env, _SIZE_VARS),
             master_addr=env.get("MASTER_ADDR"),

@@ -35,7 +35,7 @@ def mode(given: str | None, settings: Settings) -> str:
         DistValueError: a value other than auto, 1 or 0.
     """
     if given is None:
-        return settings.torch_default_group
+        return torch_default_group(settings.torch_default_group, MODE_VAR)
     return torch_default_group(str(given), "torch_default_group")
 
 
