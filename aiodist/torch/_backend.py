@@ -5,21 +5,21 @@ torch used) and keeps that mesh for the groups created after it: ``new_group(ran
 backend="aiodist")`` is then an aiodist group over the same connections (keyed apart by an
 id derived from torch's group name, which every member agrees on). A group created while the
 default group is not on aiodist (e.g. gloo) connects a mesh of its own among its members.
-When ``aiodist.sync`` lends its job's connections (``lend_world``: its init gives torch the same
-default group, see ``aiodist.torch._default_group``), the default group and those after it run
-over them instead, with ids of their own (``SHARED_GIDS``), and connect nothing.
+When ``aiodist.sync`` lends its job's connections (its init gives torch the same default group,
+handing its job to this creator as the group's options, ``LentJob``: see
+``aiodist.torch._default_group``), the default group and those after it run over them instead,
+with ids of their own (``SHARED_GIDS``), and connect nothing.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import datetime
 import hashlib
 import logging
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,7 @@ from aiodist.torch._build import ExtensionBuildError, load_extension
 from aiodist.transport.base import Transport, exit_goodbye
 from aiodist.transport.mesh import claim_rank, connect_mesh
 
-__all__ = ["BACKEND_NAME", "SHARED_GIDS", "create_backend", "lend_world"]
+__all__ = ["BACKEND_NAME", "SHARED_GIDS", "LentJob", "create_backend"]
 
 BACKEND_NAME = "aiodist"
 
@@ -52,7 +52,7 @@ class _Mesh:
     stager: Stager
     groups: list[ProcessGroup] = field(default_factory=list)
     closed: bool = False
-    # False: the connections are the sync face's (``lend_world``), closed by its destroy.
+    # False: the connections are the sync face's (``LentJob``), closed by its destroy.
     owns_transport: bool = True
     # Added to the id of every group on this mesh: apart from the sync face's own groups.
     gid_base: int = 0
@@ -73,8 +73,6 @@ _adapters: dict[str, Adapter] = {}  # by torch group name, while the group lives
 # memory (it touches nothing of CUDA until a CUDA tensor comes). Tests put a HostStager here
 # (``set_stager_factory``) to run the staging path of every operation where there is no GPU.
 _stager_factory: Callable[[], Stager] = CudaStager
-# The sync face's World while torch creates its default group over it (``lend_world``).
-_lent: Any = None
 #: Ids of torch's groups on the sync face's connections start here (the sync face numbers its
 #: own groups from 0, and from 1 << 48 for groups of local synchronisation).
 SHARED_GIDS = 1 << 62
@@ -92,22 +90,17 @@ def set_stager_factory(factory: Callable[[], Stager] | None) -> Callable[[], Sta
     return old
 
 
-@contextlib.contextmanager
-def lend_world(world: Any) -> Iterator[None]:
-    """While inside, torch's next default group on "aiodist" runs over ``world``'s connections.
+@dataclass(frozen=True)
+class LentJob:
+    """torch's ``pg_options`` for a default group on "aiodist" that runs over ``world``'s
+    connections: how the sync face hands its job to torch (never a module global).
 
     ``world`` is the sync face's ``aiodist.face.world.World`` (its default group's rank and
     size must be the ones torch is given). The group is one of its own on those connections,
     its operations numbered apart from the sync face's; destroying it leaves them open.
     """
-    global _lent
-    with _lock:
-        _lent = world
-    try:
-        yield
-    finally:
-        with _lock:
-            _lent = None
+
+    world: Any
 
 
 def _group_id(name: str) -> int:
@@ -200,7 +193,7 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
     Args:
         opts: torch's ``_DistributedBackendOptions`` (store, group_rank, group_size, timeout,
             group_id, global_ranks_in_group: empty for the default group).
-        backend_options: torch's ``pg_options``; the aiodist backend takes none.
+        backend_options: torch's ``pg_options``: none, but the sync face's own ``LentJob``.
     Raises:
         ExtensionBuildError: the C++ extension cannot be built here.
         ValueError: ``pg_options`` was given; a combined device spec on the Python-only level.
@@ -208,7 +201,8 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
         DistTimeoutError, DistError: the group's members did not connect.
     """
     global _job_mesh, _exit_hook
-    if backend_options is not None:
+    lent = backend_options.world if isinstance(backend_options, LentJob) else None
+    if (backend_options is not None and lent is None) or (lent is not None and opts.global_ranks_in_group):
         raise ValueError("the aiodist backend takes no pg_options")
     settings = Settings.read()  # a bad value fails here, before any rank connects
     others = _other_backends_in_group()
@@ -221,7 +215,6 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
             "host memory) or 'cpu:aiodist,cuda:gloo'"
         )
     with _lock:
-        lent = _lent if not opts.global_ranks_in_group else None
         python_only = _job_mesh is not None and _job_mesh.python_only and bool(opts.global_ranks_in_group)
     # Lending the sync face's world builds nothing unasked: the Python-only level unless "cpp".
     ext = None if python_only else _extension_or_none(settings.torch_backend, build=lent is None)

@@ -4,7 +4,7 @@ torch's helpers ask ``torch.distributed``, not ``aiodist.sync``, for the rank an
 (``DistributedSampler``), and run their collectives through it (``SyncBatchNorm``, torch's
 ``DistributedDataParallel``, ``torch.distributed.checkpoint``). So ``aiodist.sync``'s init, in a
 program that uses torch, also initialises ``torch.distributed``'s default group, on the
-"aiodist" backend, over the connections its own rendezvous just made (``lend_world``): no
+"aiodist" backend, over the connections its own rendezvous just made (handed over as ``LentJob``): no
 second rendezvous, no second connection between ranks. It is a group of its own on them (its
 operations are numbered apart from the sync face's, so calls through either face may come in
 any order between the two), on the backend's Python-only level unless ``AIODIST_TORCH_BACKEND=cpp``
@@ -22,7 +22,7 @@ import torch.distributed as _td
 from aiodist.backends.torch_engine import torch_store
 from aiodist.face.world import world
 from aiodist.store import PrefixStore
-from aiodist.torch._backend import BACKEND_NAME, lend_world
+from aiodist.torch._backend import BACKEND_NAME, LentJob
 
 __all__ = ["initialise", "owns_default_group", "release"]
 
@@ -48,14 +48,14 @@ def initialise() -> Any:
     store = torch_store(PrefixStore("torch", w.job_store), w.loop)
     hook = sys.excepthook
     try:
-        with lend_world(w):
-            _td.init_process_group(
-                BACKEND_NAME,
-                store=store,
-                rank=w.default_group.rank,
-                world_size=w.default_group.size,
-                timeout=datetime.timedelta(seconds=w.default_group.timeout),
-            )
+        _td.init_process_group(
+            BACKEND_NAME,
+            store=store,
+            rank=w.default_group.rank,
+            world_size=w.default_group.size,
+            timeout=datetime.timedelta(seconds=w.default_group.timeout),
+            pg_options=LentJob(w),
+        )
     finally:
         # torch's init prefixes uncaught tracebacks with "[rankN]:"; the sync face leaves output
         # alone (aiodist-run prefixes lines itself, and reads tracebacks in its summaries).

@@ -721,6 +721,39 @@ def test_python_level_refuses_a_combined_spec() -> None:
         assert out["after"] == [2.0, 2.0]
 
 
+def _pg_options(rank: int, world_size: int, port: int) -> list[str]:
+    import torch.distributed as dist
+
+    import aiodist.torch  # noqa: F401
+    from aiodist.torch._backend import LentJob
+
+    seen = []
+    for options in (object(), LentJob(world=None)):
+        try:
+            dist.init_process_group(
+                "aiodist",
+                f"tcp://127.0.0.1:{port}",
+                rank=rank,
+                world_size=world_size,
+                timeout=datetime.timedelta(seconds=20),
+                pg_options=options,
+            )
+            seen.append("accepted")
+        except ValueError as exc:
+            seen.append(str(exc))
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return seen
+
+
+def test_pg_options_are_refused_not_ignored() -> None:
+    """The backend takes no options: torch's pg_options is refused, and the sync face's own
+    hand-over (a LentJob) only for the default group it makes (here: a LentJob of no job)."""
+    (seen,) = spawn(_pg_options, 1, args=(free_port(),), timeout=90, env=ENV)
+    assert "takes no pg_options" in seen[0], seen
+    assert seen[1] != "accepted", seen
+
+
 # -- faults through torch's frontend -------------------------------------------------------------
 
 
