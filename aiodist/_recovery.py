@@ -167,11 +167,11 @@ class StepKeeper:
         """What this rank knows of its collective ``seq`` (``running``: the in-flight ones, if
         already collected)."""
         g = self.group
-        if seq >= g._seq:
+        if seq >= g.next_seq:
             return NOT_STARTED
         key = (g.gid, COLL, seq)
         mailbox = g.transport.mailbox
-        if mailbox.was_abandoned(key) or seq < g._floor:
+        if mailbox.was_abandoned(key) or seq < g.settled_below:
             return ABANDONED
         if mailbox.was_finished(key):
             return DONE
@@ -180,7 +180,7 @@ class StepKeeper:
         return UNKNOWN
 
     def snapshot(self) -> GroupState:
-        n = self.group._seq
+        n = self.group.next_seq
         start = max(0, n - MAX_OUTCOMES)
         running = self._running()
         return GroupState(n, self.resyncs, start, tuple(self.status(s, running) for s in range(start, n)))
@@ -189,14 +189,14 @@ class StepKeeper:
         g = self.group
         return {
             op.key[2]
-            for op in g._inflight.values()
+            for op in g.in_flight()
             if op.key[0] == g.gid and op.key[1] == COLL and op.future is not None and not op.future.done()
         }
 
     def _op(self, seq: int) -> _Op | None:
         g = self.group
         key = (g.gid, COLL, seq)
-        for op in g._inflight.values():
+        for op in g.in_flight():
             if op.key == key and op.future is not None and not op.future.done():
                 return op
         return None
@@ -271,7 +271,7 @@ class StepKeeper:
         detail = ""
         if never or done:
             at = {r: st.next_seq for r, (_, st) in q.replies.items()}
-            at[g.global_rank] = g._seq
+            at[g.global_rank] = g.next_seq
             what = "never entered" if never else "had completed"
             detail = (
                 f"{_ranks(never or done)} {what} {op.name}, which rank {g.global_rank} abandoned "
@@ -279,7 +279,7 @@ class StepKeeper:
             )
             if g.out_of_step is None:
                 text += f"; {g.name} is now out of step: call resync on every rank, then go on"
-        g._fail(op, DistTimeoutError(text))
+        g.fail_op(op, DistTimeoutError(text))
         if detail:
             self.mark_out_of_step(detail)
 
@@ -303,10 +303,10 @@ class StepKeeper:
                 # It cannot complete (src no longer takes part): give up on it now, as src did,
                 # rather than at our own deadline, so that both ranks go on to the next
                 # operation together; our error names who never entered it, as src's does.
-                g._give_up(op, f"rank {src} reached its time limit in it first")
+                g.give_up_op(op, f"rank {src} reached its time limit in it first")
         elif status in (NOT_STARTED, DONE):
             what = "never entered" if status == NOT_STARTED else "had completed"
-            at = {src: q.state.next_seq, g.global_rank: g._seq}
+            at = {src: q.state.next_seq, g.global_rank: g.next_seq}
             self.mark_out_of_step(
                 f"rank {src} abandoned {q.about_name} after its timeout, which rank {g.global_rank} "
                 f"{what} ({positions(at)})"
@@ -327,7 +327,7 @@ class StepKeeper:
             g = self.group
             name = q.op.name if q is not None else f"collective #{r.about}"
             what = "never entered" if r.status == NOT_STARTED else "had completed"
-            at = {src: r.state.next_seq, g.global_rank: g._seq}
+            at = {src: r.state.next_seq, g.global_rank: g.next_seq}
             self.mark_out_of_step(
                 f"rank {src} {what} {name}, which rank {g.global_rank} abandoned ({positions(at)})"
             )
@@ -352,13 +352,13 @@ class StepKeeper:
         (``timed_out``: also those that timed out here and wait for the members' answers)."""
         g = self.group
         names = []
-        for op in list(g._inflight.values()):
+        for op in g.in_flight():
             if op.key[1] == COLL and op.future is not None and not op.future.done():
                 if not timed_out and g.transport.mailbox.was_abandoned(op.key):
                     continue
                 names.append(op.name)
                 g.transport.abandon(op.key)
-                g._fail(op, GroupOutOfStepError(why(op)))
+                g.fail_op(op, GroupOutOfStepError(why(op)))
         return names
 
     # -- resync -------------------------------------------------------------------------
@@ -423,9 +423,7 @@ class StepKeeper:
         if any(r not in props for r in g.ranks):
             return
         agreed = max(st.next_seq for st in props.values())
-        g._floor = agreed
-        g.transport.mailbox.set_floor(g.gid, agreed)
-        g._seq = agreed
+        g.restart_numbering(agreed)
         self.resyncs = rs.epoch
         g.out_of_step = None
         if g.broken is not None and not isinstance(g.broken, DistNetworkError):

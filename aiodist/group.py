@@ -23,6 +23,7 @@ from typing import Any
 
 from aiodist import _tensors
 from aiodist import arguments as _args
+from aiodist import work as _work
 from aiodist._recovery import StepKeeper
 from aiodist._tensors import byte_view
 from aiodist.backends.base import IN, OUT, Backend, Binding, Gate, Op
@@ -200,6 +201,36 @@ class ProcessGroup:
         return self.rank >= 0
 
     # -- lifecycle / failure ------------------------------------------------------------
+    # -- what recovery (``aiodist._recovery``) reads and changes ------------------------------
+
+    @property
+    def next_seq(self) -> int:
+        """The number this rank's next collective on the group gets."""
+        return self._seq
+
+    @property
+    def settled_below(self) -> int:
+        """Collectives numbered below this were settled by a resync (abandoned where unfinished)."""
+        return self._floor
+
+    def in_flight(self) -> list[_Op]:
+        """The group's operations in flight, oldest first (a copy: failing one may end others)."""
+        return list(self._inflight.values())
+
+    def fail_op(self, op: _Op, err: BaseException) -> None:
+        """Fail ``op`` with ``err``, taking back what it still sends or receives."""
+        self._fail(op, err)
+
+    def give_up_op(self, op: _Op, note: str) -> None:
+        """Time ``op`` out before its deadline: a member gave up on it (``note`` says which)."""
+        self._give_up(op, note)
+
+    def restart_numbering(self, agreed: int) -> None:
+        """Number the next collective ``agreed`` (a resync's agreement); below it, settled."""
+        self._floor = agreed
+        self.transport.mailbox.set_floor(self.gid, agreed)
+        self._seq = agreed
+
     def check_usable(self, what: str) -> None:
         if self.rank < 0:
             raise DistValueError(
@@ -765,7 +796,7 @@ class ProcessGroup:
         t = self.timeout if timeout is None else timeout
         check_timeout = t + PEER_LOSS_GRACE if t and 0 < t < math.inf else None
         check = self.loop.create_task(check_fingerprints(ctx, check_timeout, what="fingerprint check"))
-        engine = work._future
+        engine = _work.future_of(work)
 
         async def checked() -> Any:
             try:
@@ -778,7 +809,7 @@ class ProcessGroup:
             except BaseException:
                 # The engine's outcome is not wanted any more (nor reported as never retrieved);
                 # a check still running is stopped (one that ended was read above).
-                work._discard()
+                _work.discard(work)
                 check.cancel()
                 raise
 
@@ -802,14 +833,16 @@ class ProcessGroup:
         returned at once, and its timeout counts from the call).
         """
         prev = self._reduction_tail
-        if prev is None or prev._future.done():  # (not is_completed: the caller's Work is not ours to note)
+        if (
+            prev is None or _work.future_of(prev).done()
+        ):  # (not is_completed: the caller's Work is not ours to note)
             return None
         behind = self._behind
 
         async def previous_ended() -> None:
             behind[key] = prev.name
             try:
-                await asyncio.wait((prev._future,))
+                await asyncio.wait((_work.future_of(prev),))
             finally:
                 del behind[key]
 

@@ -34,7 +34,7 @@ from typing import Any
 from aiodist.errors import DistError, DistTimeoutError
 from aiodist.runtime.loop_thread import wait_future
 
-__all__ = ["Work"]
+__all__ = ["Work", "discard", "future_of", "note_start", "take_outcome"]
 
 log = logging.getLogger("aiodist")
 
@@ -125,22 +125,6 @@ class Work:
     def __del__(self) -> None:
         if self._seen != _TAKEN:
             _dropped(self._future, self.name, self._seen, self._loop, self._started_at)
-
-    def _consume(self) -> asyncio.Future[Any]:
-        """The operation's future, for runtime code that takes over its outcome (the sync
-        face's blocking calls, a Work that follows another): this Work is not reported."""
-        self._seen = _TAKEN
-        return self._future
-
-    def _discard(self) -> None:
-        """Runtime code drops the operation's outcome on purpose (its caller holds an earlier
-        error that explains it, e.g. the first of several bucket all_reduces that failed):
-        neither aiodist nor asyncio reports it."""
-        self._seen = _TAKEN
-        if self._future.done():
-            _retrieve(self._future)
-        else:
-            self._future.add_done_callback(_retrieve)
 
     @classmethod
     def completed(cls, loop: asyncio.AbstractEventLoop, name: str, result: Any = None) -> Work:
@@ -300,6 +284,40 @@ class Work:
 
 
 # -- Works dropped unseen ----------------------------------------------------------------------
+
+
+# -- the runtime's interface to a Work (the faces, DDP and the torch adapter use these, never
+#    its private fields) ---------------------------------------------------------------------
+
+
+def future_of(work: Work) -> asyncio.Future[Any]:
+    """The operation's future, on its loop, to look at (done yet? a callback when it is)
+    without taking its outcome: the Work still reports an error nobody saw."""
+    return work._future
+
+
+def take_outcome(work: Work) -> asyncio.Future[Any]:
+    """The operation's future, for runtime code that takes over its outcome (the sync face's
+    blocking calls, a Work that follows another): this Work is not reported."""
+    work._seen = _TAKEN
+    return work._future
+
+
+def discard(work: Work) -> None:
+    """Runtime code drops the operation's outcome on purpose (its caller holds an earlier error
+    that explains it, e.g. the first of several bucket all_reduces that failed): neither aiodist
+    nor asyncio reports it."""
+    work._seen = _TAKEN
+    if work._future.done():
+        _retrieve(work._future)
+    else:
+        work._future.add_done_callback(_retrieve)
+
+
+def note_start(work: Work, stack: traceback.StackSummary) -> None:
+    """Where the caller started ``work``, for the report of a Work dropped unseen (a face that
+    starts operations away from the caller's thread says it; see ``Work.__init__``)."""
+    work._started_at = stack
 
 
 def _dropped(

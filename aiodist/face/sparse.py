@@ -19,6 +19,7 @@ import numpy as np
 import aiodist.face.tensor_collectives as _c
 import aiodist.face.world as _world
 from aiodist import _tensors
+from aiodist import work as _work
 from aiodist.backends.staged import on_caller_stream
 from aiodist.errors import DistError, DistValueError
 from aiodist.ops import ReduceOp, as_reduce_op
@@ -39,7 +40,7 @@ def _blocking(start: Callable[[], Work]) -> None:
     """Start ``start()`` on the runtime loop's thread and wait for the operation to finish."""
     start = on_caller_stream(start)  # torch's current CUDA stream is per thread: carry the caller's over
     try:
-        get_loop_thread().call_until_done(lambda: start()._future)
+        get_loop_thread().call_until_done(lambda: _work.future_of(start()))
     except asyncio.CancelledError:
         raise DistError("the operation was cancelled") from None
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from aiodist import work as _work
 from aiodist.errors import DistError, DistTypeError, DistValueError
 from aiodist.face.world import resolve_group
 from aiodist.parallel.bucketing import DEFAULT_FIRST_BUCKET_BYTES, reverse_order_buckets
@@ -147,7 +148,7 @@ class GradBucketer:
         finally:
             if missing or any(not w.is_success() for w in works):
                 for w in works:  # the caller gets the first error; the others follow from it
-                    w._discard()
+                    _work.discard(w)
                 self._reset()
         if missing:
             raise DistValueError(

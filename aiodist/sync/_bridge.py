@@ -17,6 +17,7 @@ import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from aiodist import work as _work
 from aiodist.backends.staged import on_caller_stream
 from aiodist.errors import DistError
 from aiodist.face.world import resolve_group
@@ -42,10 +43,10 @@ def call(fn: Callable[[], Work], async_op: bool) -> Any:
     if async_op:
         work = lt.call(fn)
         if lt.loop.get_debug():  # asyncio's debug mode: a Work dropped unseen says where it began
-            work._started_at = traceback.extract_stack(sys._getframe(1))
+            _work.note_start(work, traceback.extract_stack(sys._getframe(1)))
         return work
     try:
-        return lt.call_until_done(lambda: fn()._consume())
+        return lt.call_until_done(lambda: _work.take_outcome(fn()))
     except asyncio.CancelledError:
         raise DistError("the operation was cancelled") from None
 
@@ -85,14 +86,14 @@ def start_p2p(
 
 def _start_into(fn: Callable[[], Work], work: Work) -> None:
     """On the loop: start ``fn()`` and let ``work`` follow the Work it returns."""
-    out = work._future
+    out = _work.future_of(work)
     try:
         started = fn()
     except BaseException as exc:  # the group broke or went away since the caller checked
         out.set_exception(exc)
         return
     work.name = started.name
-    inner = started._consume()  # ``work`` reports its outcome to the caller
+    inner = _work.take_outcome(started)  # ``work`` reports its outcome to the caller
     if inner.done():
         _follow(out, inner)
     else:

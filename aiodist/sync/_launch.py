@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from aiodist import _tensors
+from aiodist import work as _work
 from aiodist._tensors import NotContiguousError
 from aiodist.sync._bridge import call
 from aiodist.work import Work
@@ -133,10 +134,11 @@ def _run_slow(
         if rec is not None:
             # Closed here, on the loop thread, before the caller can wake: at once when the
             # operation is already done, else by a callback registered ahead of the caller's.
-            if work._future.done():
+            fut = _work.future_of(work)
+            if fut.done():
                 end_record(rec)
             else:
-                work._future.add_done_callback(lambda _: end_record(rec))
+                fut.add_done_callback(lambda _: end_record(rec))
         return work
 
     return call(begin, async_op)

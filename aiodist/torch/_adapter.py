@@ -18,6 +18,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from aiodist import work as _work
 from aiodist.backends.staged import on_caller_stream
 from aiodist.errors import (
     CollectiveMismatchError,
@@ -185,7 +186,7 @@ class Adapter:
             # caller usually waits for the work at once (the sync face polls the same way).
             joined = _Joined(work, len(works), source, _busy_poll.for_loop(self._lt.loop))
             for w in works:
-                w._consume().add_done_callback(joined.done)
+                _work.take_outcome(w).add_done_callback(joined.done)
 
         if self._lt.in_loop_thread():  # e.g. a future callback that starts another operation
             on_loop()
@@ -396,7 +397,7 @@ class Adapter:
                 raise DistError("monitored_barrier called on aiodist's runtime loop thread")
             # torch's wording ("Rank 2 failed to pass monitoredBarrier in 3000 ms"): torch programs match it
             self._lt.call_until_done(
-                lambda: _monitored_barrier(g, timeout, wait_all_ranks, torch_wording=True)._consume()
+                lambda: _work.take_outcome(_monitored_barrier(g, timeout, wait_all_ranks, torch_wording=True))
             )
         except Exception as exc:
             return error_kind(exc)
@@ -406,7 +407,7 @@ class Adapter:
         """Blocking: bring the group back in step (every member calls it); the ResyncReport."""
         if self._lt.in_loop_thread():
             raise DistError("resync called on aiodist's runtime loop thread")
-        return self._lt.call_until_done(lambda: self.group.resync(timeout)._consume())
+        return self._lt.call_until_done(lambda: _work.take_outcome(self.group.resync(timeout)))
 
     # -- point-to-point -------------------------------------------------------------------
     def send(self, work: Any, tensors: list[Any], dst: int, tag: int) -> Refusal:
