@@ -61,18 +61,20 @@ $(BENCH_STAMP): $(STAMP)
 	touch $(BENCH_STAMP)
 
 # nccl-tests style tables, aiodist (both faces; told to use TCP only, and with its default transport)
-# vs gloo and MPI (Open MPI's shared memory), 2 and 4 ranks, with the memory probe and the targets
-# of BENCHMARKS.md; then the DDP step benchmark: aiodist.parallel's DDP, torch's DDP on
-# gloo and torch's DDP on the backend "aiodist", in the same run.
+# vs gloo and MPI (Open MPI's shared memory), 2 and 4 ranks, with the memory probe; then the
+# verdicts of the targets of BENCHMARKS.md on that run (repository tooling: tools/bench_targets.py);
+# then the DDP step benchmark: aiodist.parallel's DDP, torch's DDP on gloo and torch's DDP on the
+# backend "aiodist", in the same run.
 bench: $(BENCH_STAMP)
 	mkdir -p $(BENCH_OUT)
-	$(PY) -m aiodist.bench --compare gloo,mpi --aiodist-transports tcp,shm --memory --targets \
+	$(PY) -m aiodist.bench --compare gloo,mpi --aiodist-transports tcp,shm --memory \
 		--json $(BENCH_OUT)/bench.json --markdown $(BENCH_OUT)/bench.md --plot $(BENCH_OUT)/algbw.png
+	$(PY) tools/bench_targets.py $(BENCH_OUT)/bench.json --markdown $(BENCH_OUT)/targets.md
 	$(PY) -m aiodist.parallel.bench_ddp --json $(BENCH_OUT)/ddp.json
 
 lint: install
-	$(PY) -m ruff check aiodist tests examples
-	$(PY) -m ruff format --check aiodist tests examples
+	$(PY) -m ruff check aiodist tests examples tools
+	$(PY) -m ruff format --check aiodist tests examples tools
 
 typecheck: install
 	$(PY) -m mypy

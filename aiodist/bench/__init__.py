@@ -5,8 +5,8 @@ The package: ``cli`` (arguments, the spawned jobs), ``cases`` (what is measured)
 spawned run: launching ``mpiexec``, collecting its figures), ``mpi_worker`` (one MPI rank),
 ``launched`` (one rank of a job a launcher started, on many hosts), ``launchers`` (which
 launcher, from the environment), ``bootstrap`` (MPI first, the rendezvous, gloo's store),
-``hosts`` (where the ranks ran), ``progress`` (the live line), ``report`` (tables, targets,
-JSON, markdown, the plot).
+``hosts`` (where the ranks ran), ``progress`` (the live line), ``report`` (tables, JSON,
+markdown, the plot).
 """
 
 from aiodist.bench.cli import main, parse_size, run_job

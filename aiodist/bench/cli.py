@@ -5,7 +5,7 @@ Usage::
 
     aiodist-bench                              # 2 and 4 ranks, both faces, 4 B .. 64 MiB
     aiodist-bench --compare gloo --json out.json --plot out.png
-    aiodist-bench --compare gloo,mpi --aiodist-transports tcp,shm --memory --targets
+    aiodist-bench --compare gloo,mpi --aiodist-transports tcp,shm --memory --json run.json
     aiodist-bench -np 2 --faces async --ops all_reduce -b 1K -e 16M -f 2
     aiodist-bench --from-json out.json --plot out.png   # re-render saved results
     aiodist-run --nnodes 2 --node-rank K --master-addr A --no-python aiodist-bench --compare gloo
@@ -314,12 +314,6 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="also measure the RSS a large all_reduce adds (of SIZE, default 64M; allocates it per rank)",
     )
-    ap.add_argument(
-        "--targets",
-        action="store_true",
-        help="print which performance targets hold, with the figures (ratios against gloo and MPI; "
-        "needs --compare gloo; the MPI ones are judged where MPI ran)",
-    )
     ap.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     ap.add_argument("--json", metavar="FILE", help="save every figure as JSON")
     ap.add_argument("--plot", metavar="PNG", help="draw algbw vs size per operation (needs matplotlib)")
@@ -430,11 +424,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.from_json) as f:
             data = json.load(f)
         _replay(data)
-        if args.targets:
-            report.print_targets(data.get("targets") or report.targets(data["jobs"]))
         if args.markdown:
             with open(args.markdown, "w") as f:
-                f.write(report.markdown(data, with_targets=args.targets))
+                f.write(report.markdown(data))
             print(f"# markdown written to {args.markdown}")
         if args.plot:
             report.plot(data["jobs"], args.plot, data.get("meta", {}).get("title", ""))
@@ -466,9 +458,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     compare = "gloo" in args.compare
     with_mpi = "mpi" in args.compare
-    if args.targets and not compare:
-        print("aiodist-bench: --targets compares against gloo: add --compare gloo", file=sys.stderr)
-        return 2
     if compare:
         try:
             import torch.distributed as td
@@ -521,9 +510,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             jobs.append(run_job(cfg, progress=progress, mpi=mpi_runs.get(cfg.nprocs)))
     finally:
         progress.close()
-    verdicts = report.targets(jobs)
-    if args.targets:
-        report.print_targets(verdicts)
     failed = [j for j in jobs if "error" in j]
     wrong = report.wrong_elements(jobs)
     meta = report.run_meta(
@@ -534,10 +520,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if with_mpi:
         first = next(iter(mpi_runs.values()), {})
         meta["mpi"] = {k: first[k] for k in ("library", "launcher", "transport", "error") if k in first}
-    data = {"meta": meta, "jobs": jobs, "targets": verdicts}
-    report.save(
-        data, json_path=args.json, markdown_path=args.markdown, plot_path=args.plot, with_targets=args.targets
-    )
+    data = {"meta": meta, "jobs": jobs}
+    report.save(data, json_path=args.json, markdown_path=args.markdown, plot_path=args.plot)
     if wrong:
         print(f"# {wrong} wrong elements in total", file=sys.stderr)
     return 1 if failed or wrong else 0

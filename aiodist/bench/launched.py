@@ -90,7 +90,7 @@ def options_differ(everyone: Sequence[dict[str, Any]]) -> str | None:
             return (
                 f"rank {rank} was given other options than rank 0: {'; '.join(diffs)}; every rank of a launched "
                 "job must measure the same (give every node the same aiodist-bench options; only --json, "
-                "--markdown, --plot and --targets matter on rank 0 alone)"
+                "--markdown and --plot matter on rank 0 alone)"
             )
     return None
 
@@ -439,11 +439,8 @@ def _finish(
     argv: Sequence[str],
     started: datetime.datetime,
 ) -> int:
-    """Rank 0: the targets, the files asked for, the exit status."""
+    """Rank 0: the files asked for, the exit status."""
     jobs = [job]
-    verdicts = report.targets(jobs)
-    if args.targets:
-        report.print_targets(verdicts)
     peers = " and ".join(report.job_impls(job)[1:]) or "nothing"
     where = job.get("placement", f"{launch.world_size} ranks")
     meta = report.run_meta(
@@ -460,10 +457,8 @@ def _finish(
         meta["mpi"] = dict(job["mpi"])
     elif "mpi_error" in job:
         meta["mpi"] = {"error": job["mpi_error"]}
-    data = {"meta": meta, "jobs": jobs, "targets": verdicts}
-    report.save(
-        data, json_path=args.json, markdown_path=args.markdown, plot_path=args.plot, with_targets=args.targets
-    )
+    data = {"meta": meta, "jobs": jobs}
+    report.save(data, json_path=args.json, markdown_path=args.markdown, plot_path=args.plot)
     wrong = report.wrong_elements(jobs)
     if wrong:
         print(f"# {wrong} wrong elements in total", file=sys.stderr)

@@ -1,4 +1,8 @@
-"""Turning per-rank timings into nccl-tests tables, latency rows, target verdicts and a plot."""
+"""Turning per-rank timings into nccl-tests tables, latency rows, markdown and a plot.
+
+The project's performance targets and their verdicts are repository tooling, not part of the
+package: ``tools/bench_targets.py`` in the repository judges a run saved with ``--json``.
+"""
 
 from __future__ import annotations
 
@@ -28,13 +32,10 @@ __all__ = [
     "format_spread",
     "format_table_header",
     "format_table_row",
-    "format_targets",
     "plot",
-    "print_targets",
     "run_meta",
     "save",
     "size_text",
-    "targets",
     "wrong_elements",
 ]
 
@@ -238,219 +239,12 @@ def format_memory(mem: dict[str, list[int]], nbytes: int) -> str:
     return f"# memory: RSS added by a {nbytes / MiB:.0f} MiB all_reduce (max over ranks): " + ", ".join(parts)
 
 
-# -- targets --------------------------------------------------------------------------------------
-
-#: Latency targets, aiodist's time <= factor x gloo's: 2 ranks (the face's own limit; the sync
-#: face pays a thread hop), then any other world size.
-LATENCY_TARGETS: dict[int, dict[str, dict[str, float]]] = {
-    2: {
-        "async": {"all_reduce": 0.1, "pingpong": 0.1, "barrier": 0.25, "stream": 0.2},
-        "sync": {"all_reduce": 0.25, "pingpong": 0.25, "barrier": 0.4, "stream": 0.4},
-    },
-    0: {
-        "async": {"all_reduce": 0.25, "barrier": 0.25, "pingpong": 0.25, "stream": 0.2},
-        "sync": {"all_reduce": 0.4, "barrier": 0.4, "pingpong": 0.4, "stream": 0.4},
-    },
-}
-#: 2 ranks, 64 MiB: aiodist's algbw at least this many GB/s.
-ABSOLUTE_TARGETS = {
-    "broadcast": 8.0,
-    "all_gather": 5.0,
-    "all_to_all": 5.0,
-    "sendrecv": 6.0,
-    "all_reduce": 3.0,
-}
-#: 2 ranks, 64 MiB: aiodist's algbw at least this many times gloo's.
-GLOO_TARGETS_64M = {"all_reduce": 2.5}
-#: 2 ranks, every operation from this size: algbw at least these multiples of gloo's and MPI's.
-LARGE_FROM = 1 << 20
-LARGE_VS_GLOO = 3.0
-LARGE_VS_MPI = 0.6
-#: more than 2 ranks, every 64 MiB operation: algbw at least this many times gloo's.
-MANY_RANKS_VS_GLOO = 2.0
-#: every world size, every operation from 64 KiB: at least gloo's algbw.
-MID_FROM = 64 << 10
-MID_VS_GLOO = 1.0
-
-
-def _verdict(job: dict[str, Any], target: str, measured: float, holds: bool | None, figures: str) -> Result:
-    return {
-        "face": job["face"],
-        "nprocs": job["nprocs"],
-        "impl": job.get("aiodist", "aiodist"),
-        "target": target,
-        "measured": measured,
-        "holds": holds,
-        "figures": figures,
-    }
-
-
-def _judged_jobs(jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The jobs the targets judge: aiodist with its default transport where it ran, else the rest."""
-    ok = [j for j in jobs if "error" not in j]
-    default = [j for j in ok if j.get("aiodist", "aiodist") == "aiodist"]
-    return default or ok
-
-
-def _ratio_verdict(
-    job: dict[str, Any], rows: Sequence[Result], key: str, peer: str, limit: float, what: str
-) -> Result | None:
-    """One verdict over many rows: the worst ratio ``key`` against ``limit``, and every miss."""
-    if not rows:
-        return None
-    judged = [r for r in rows if key in r]
-    if not judged:
-        why = job.get("mpi_error") if peer == "mpi" else None
-        return _verdict(
-            job,
-            f"{what}: algbw >= {limit} x {peer}",
-            float("nan"),
-            None,
-            f"not judged: no {peer} figures in this run" + (f" ({why})" if why else ""),
-        )
-    worst = min(judged, key=lambda r: r[key])
-    misses = [r for r in judged if r[key] < limit]
-    me = aiodist_key(worst["impls"])
-    figures = (
-        f"worst {worst['op']} {size_text(worst['size'])}: {worst['impls'][me]['algbw']:.2f} vs "
-        f"{worst['impls'][peer]['algbw']:.2f} GB/s; {len(misses)} of {len(judged)} rows below"
-    )
-    v = _verdict(job, f"{what}: algbw >= {limit} x {peer}", worst[key], worst[key] >= limit, figures)
-    v["misses"] = [f"{r['op']} {size_text(r['size'])} ({r[key]:.2f})" for r in misses]
-    return v
-
-
 def size_text(nbytes: int) -> str:
     """``4 B``, ``64 KiB``, ``16 MiB``: a size as the tables print it."""
     for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= f and nbytes % f == 0:
             return f"{nbytes // f} {unit}"
     return f"{nbytes} B"
-
-
-def targets(jobs: Sequence[dict[str, Any]]) -> list[Result]:
-    """Verdicts of the performance targets (``holds`` None: not judged, and ``figures`` says why).
-
-    They judge aiodist with its default transport (or, where only ``aiodist-tcp`` ran, that);
-    ratios need gloo (``--compare gloo``) or MPI (``--compare mpi``) in the same run.
-    """
-    out: list[Result] = []
-    for job in _judged_jobs(jobs):
-        face, n = job["face"], job["nprocs"]
-        limits = LATENCY_TARGETS.get(n, LATENCY_TARGETS[0])[face]
-        for row in job.get("latency", []):
-            limit = limits.get(row["op"])
-            if limit is None or "ratio" not in row:
-                continue
-            me = aiodist_key(row["impls"])
-            figures = f"{row['impls'][me]['time_us']:.1f} vs {row['impls']['gloo']['time_us']:.1f} us"
-            if "ratio_mpi" in row:
-                figures += f" (MPI {row['impls']['mpi']['time_us']:.1f} us)"
-            out.append(
-                _verdict(
-                    job,
-                    f"{row['case']}: time <= {limit} x gloo",
-                    row["ratio"],
-                    row["ratio"] <= limit,
-                    figures,
-                )
-            )
-        rows = [r for r in job.get("rows", []) if aiodist_key(r["impls"]) in r["impls"]]
-        big = [r for r in rows if r["size"] >= (64 << 20) and r["size"] == max(x["size"] for x in rows)]
-        if n == 2:
-            for r in big:
-                me = r["impls"][aiodist_key(r["impls"])]
-                if r["op"] in ABSOLUTE_TARGETS:
-                    limit = ABSOLUTE_TARGETS[r["op"]]
-                    peers = ", ".join(
-                        f"{p} {r['impls'][p]['algbw']:.2f}" for p in ("gloo", "mpi") if p in r["impls"]
-                    )
-                    out.append(
-                        _verdict(
-                            job,
-                            f"{r['op']} 64 MiB: algbw >= {limit} GB/s",
-                            me["algbw"],
-                            me["algbw"] >= limit,
-                            f"{me['algbw']:.2f} GB/s" + (f" ({peers})" if peers else ""),
-                        )
-                    )
-                if r["op"] in GLOO_TARGETS_64M and "speedup" in r:
-                    limit = GLOO_TARGETS_64M[r["op"]]
-                    out.append(
-                        _verdict(
-                            job,
-                            f"{r['op']} 64 MiB: algbw >= {limit} x gloo",
-                            r["speedup"],
-                            r["speedup"] >= limit,
-                            f"{me['algbw']:.2f} vs {r['impls']['gloo']['algbw']:.2f} GB/s",
-                        )
-                    )
-            large = [r for r in rows if r["size"] >= LARGE_FROM]
-            for key, peer, limit in (("speedup", "gloo", LARGE_VS_GLOO), ("vs_mpi", "mpi", LARGE_VS_MPI)):
-                if peer == "gloo" and not job.get("compare"):
-                    continue
-                v = _ratio_verdict(job, large, key, peer, limit, "every op >= 1 MiB")
-                if v is not None:
-                    out.append(v)
-        elif job.get("compare"):
-            v = _ratio_verdict(job, big, "speedup", "gloo", MANY_RANKS_VS_GLOO, "every op at 64 MiB")
-            if v is not None:
-                out.append(v)
-        if job.get("compare"):
-            mid = [r for r in rows if r["size"] >= MID_FROM]
-            v = _ratio_verdict(job, mid, "speedup", "gloo", MID_VS_GLOO, "every op >= 64 KiB")
-            if v is not None:
-                out.append(v)
-        mem = job.get("memory", {})
-        me_name = job.get("aiodist", "aiodist")
-        if me_name in mem:
-            added = max(mem[me_name])
-            probe = job.get("memory_bytes", 64 << 20)
-            peers = ", ".join(f"{k} +{max(v) / MiB:.1f}" for k, v in mem.items() if k != me_name)
-            out.append(
-                _verdict(
-                    job,
-                    f"{probe >> 20} MiB all_reduce adds <= 1 buffer of RSS",
-                    added / probe,
-                    added <= probe,
-                    f"+{added / MiB:.1f} MiB per rank (max)" + (f"; {peers} MiB" if peers else ""),
-                )
-            )
-    return out
-
-
-def print_targets(verdicts: Sequence[Result]) -> None:
-    """The verdicts as ``--targets`` prints them (or why there are none)."""
-    text = format_targets(verdicts)
-    if text:
-        print("\n" + text, flush=True)
-    else:
-        print("\n# targets: none to judge (they compare against gloo: run with --compare gloo)", flush=True)
-
-
-def verdict_word(v: Result) -> str:
-    if v["holds"] is None:
-        return "not judged"
-    return "holds" if v["holds"] else "NOT HELD"
-
-
-def format_targets(verdicts: Sequence[Result]) -> str:
-    if not verdicts:
-        return ""
-    lines = [
-        "# targets (ratios against gloo and MPI in the same run)",
-        f"#{'face':>5} {'ranks':>5} {'aiodist':<11}  {'target':<52} {'measured':>8}  verdict: figures",
-    ]
-    for v in verdicts:
-        measured = "-" if v["holds"] is None else f"{v['measured']:.2f}"
-        lines.append(
-            f"{v['face']:>6} {v['nprocs']:>5} {v.get('impl', 'aiodist'):<11}  {v['target']:<52} {measured:>8}  "
-            f"{verdict_word(v)}: {v.get('figures', '')}"
-        )
-    held = sum(1 for v in verdicts if v["holds"])
-    judged = sum(1 for v in verdicts if v["holds"] is not None)
-    lines.append(f"# {held} of {judged} judged targets hold")
-    return "\n".join(lines)
 
 
 # -- plot -----------------------------------------------------------------------------------------
@@ -611,8 +405,8 @@ def _headline(jobs: Sequence[dict[str, Any]], n: int) -> str:
     )
 
 
-def markdown(data: dict[str, Any], *, with_targets: bool = False) -> str:
-    """BENCHMARKS.md-ready tables of a saved run: headline, targets (if asked), then every table."""
+def markdown(data: dict[str, Any]) -> str:
+    """BENCHMARKS.md-ready tables of a saved run: the headline of each world size, then every table."""
     jobs = [j for j in data["jobs"] if "error" not in j]
     parts: list[str] = []
     meta = data.get("meta", {})
@@ -634,28 +428,6 @@ def markdown(data: dict[str, Any], *, with_targets: bool = False) -> str:
         )
     for n in sorted({j["nprocs"] for j in jobs}):
         parts.append(_headline(jobs, n))
-    verdicts = (data.get("targets") or targets(jobs)) if with_targets else []
-    if verdicts:
-        held = sum(1 for v in verdicts if v["holds"])
-        judged = sum(1 for v in verdicts if v["holds"] is not None)
-        parts.append(
-            f"### Targets ({held} of {judged} judged hold)\n\n"
-            + _md_table(
-                ["face", "ranks", "aiodist", "target", "measured", "verdict", "figures"],
-                [
-                    (
-                        v["face"],
-                        v["nprocs"],
-                        v.get("impl", "aiodist"),
-                        v["target"],
-                        "-" if v["holds"] is None else f"{v['measured']:.2f}",
-                        "holds" if v["holds"] else "**not held**" if v["holds"] is False else "not judged",
-                        v.get("figures", ""),
-                    )
-                    for v in verdicts
-                ],
-            )
-        )
     for j in jobs:
         impls = job_impls(j)
         body = []
@@ -726,7 +498,6 @@ def save(
     json_path: str | None,
     markdown_path: str | None,
     plot_path: str | None,
-    with_targets: bool,
 ) -> None:
     """Write the files asked for (``--json``, ``--markdown``, ``--plot``), a line for each."""
     if json_path:
@@ -735,7 +506,7 @@ def save(
         print(f"# results written to {json_path}", flush=True)
     if markdown_path:
         with open(markdown_path, "w") as f:
-            f.write(markdown(data, with_targets=with_targets))
+            f.write(markdown(data))
         print(f"# markdown written to {markdown_path}", flush=True)
     if plot_path:
         try:

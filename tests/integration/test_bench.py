@@ -1,5 +1,7 @@
 """Smoke test of ``aiodist-bench``: tiny sizes, 2 ranks; the table's columns and ``#wrong == 0``;
-the options that add or leave out parts of the output; the progress line.
+the options that add or leave out parts of the output; the progress line. The performance
+targets are not the bench's: the repository's ``tools/bench_targets.py`` judges the JSON it saves
+(``tests/unit/test_bench_targets.py``); here only that it reads a real run.
 
 Benchmarks are not tests: nothing here looks at the figures themselves.
 """
@@ -10,6 +12,9 @@ import importlib.util
 import io
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +25,7 @@ from aiodist.bench.progress import Progress, format_duration
 from aiodist.bench.worker import JobConfig
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
+TARGETS_TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_targets.py"
 
 
 def test_parse_size() -> None:
@@ -72,7 +78,7 @@ def test_bench_cli_two_ranks(tmp_path: pytest.TempPathFactory, capsys: pytest.Ca
         "--markdown", str(out_md),
     ]  # fmt: skip
     if HAVE_TORCH:
-        argv += ["--compare", "gloo", "--targets"]
+        argv += ["--compare", "gloo"]
     rc = bench.main(argv)
     captured = capsys.readouterr()
     text = captured.out
@@ -89,12 +95,13 @@ def test_bench_cli_two_ranks(tmp_path: pytest.TempPathFactory, capsys: pytest.Ca
     assert float(row.group(1)) <= float(row.group(2))
     if HAVE_TORCH:
         assert re.search(r"^#\s+size\s.*#wrong\s+vs gloo$", text, re.M), text
-        assert "# targets (ratios against gloo and MPI in the same run)" in text
+    assert "targets" not in text  # the verdicts are repository tooling's, not the bench's
     assert "issue" not in text.lower()
     # The progress line goes to stderr (plain lines here: not a terminal), never to the tables.
     assert "ETA" in captured.err and "ETA" not in text
     assert re.search(r"job 2/2 \(sync 2 ranks\), job done; \d+/\d+ cases", captured.err), captured.err
     data = json.loads(out_json.read_text())
+    assert set(data) == {"meta", "jobs"}
     jobs = data["jobs"]
     assert [(j["face"], j["nprocs"]) for j in jobs] == [("async", 2), ("sync", 2)]
     for job in jobs:
@@ -120,28 +127,46 @@ def test_bench_cli_two_ranks(tmp_path: pytest.TempPathFactory, capsys: pytest.Ca
         in md
     )
     assert "### 2 ranks" in md
-    assert ("### Targets" in md) == HAVE_TORCH
-    if HAVE_TORCH:
-        assert data["targets"], "--json keeps the verdicts"
+    assert "Targets" not in md
 
-    # Replaying the saved run without --targets prints the tables and no targets.
+    # Replaying the saved run prints the tables (and no targets).
     assert bench.main(["--from-json", str(out_json)]) == 0
     replay = capsys.readouterr().out
     assert re.search(r"^\s+4096\s+1024\s+float\s+sum", replay, re.M), replay
     assert "targets" not in replay
 
+    # The repository's targets tool reads the run the bench saved (its verdicts: its own tests).
+    tool = subprocess.run(
+        [sys.executable, str(TARGETS_TOOL), str(out_json)], capture_output=True, text=True, timeout=60
+    )
+    assert tool.returncode == 0, tool.stderr
+    if HAVE_TORCH:
+        assert "# targets (ratios against gloo and MPI in the same run)" in tool.stdout
+        assert re.search(r"^# \d+ of \d+ judged targets hold$", tool.stdout, re.M), tool.stdout
+    else:
+        assert "# targets: none to judge" in tool.stdout, tool.stdout
 
-def test_memory_probe_and_targets_only_when_asked() -> None:
+
+def test_memory_probe_only_when_asked() -> None:
     args = bench._parser().parse_args([])
-    assert args.memory_bytes == 0 and not args.targets
+    assert args.memory_bytes == 0
     assert bench._parser().parse_args(["--memory"]).memory_bytes == 64 << 20
     assert bench._parser().parse_args(["--memory", "8M"]).memory_bytes == 8 << 20
     assert JobConfig(face="async", nprocs=2, ops=(), sizes=(), compare=False).memory_bytes == 0
 
 
-def test_targets_without_gloo_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.main(["--targets", "-np", "2", "--sizes", "4"]) == 2
-    assert "--compare gloo" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    "argv", [["--targets"], ["--compare", "gloo", "--targets", "-np", "2", "--sizes", "4"]]
+)
+def test_targets_are_no_option_of_the_bench(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """The verdicts are repository tooling (tools/bench_targets.py): the flag is refused, as
+    argparse refuses any unknown option, before anything runs."""
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --targets" in err
+    assert "--targets" not in bench._parser().format_help()
 
 
 def test_spread_formatting() -> None:
