@@ -71,13 +71,19 @@ class Lineage:
     """One task's (or thread's) place among the tasks of the program, and the count of its
     children by coroutine. Lives in the context variable of the task it names."""
 
-    __slots__ = ("_name", "children", "label", "parent")
+    __slots__ = ("_name", "children", "label", "parent", "thread")
 
-    def __init__(self, parent: Lineage | None, label: str) -> None:
+    def __init__(self, parent: Lineage | None, label: str, thread: int | None = None) -> None:
         self.parent = parent
         self.label = label
         self.children: dict[str, int] = {}
         self._name: str | None = None
+        # A thread's mark (``mark_thread``): the thread that made it. It names what that thread
+        # hands to another thread's loop; on its own thread, a task it runs later names itself.
+        self.thread = thread
+
+    def marks_this_thread(self) -> bool:
+        return self.thread is not None and self.thread == threading.get_ident()
 
     def child(self, coroutine: str) -> Lineage:
         """The lineage of the next task of ``coroutine`` this one creates."""
@@ -127,15 +133,16 @@ def _coroutine_name(coro: Any) -> str:
 def current() -> str:
     """The origin of an operation started now: the calling task's (or thread's) name."""
     lineage = _LINEAGE.get()
-    if lineage is not None:
+    if lineage is not None and not lineage.marks_this_thread():
         return lineage.name
     try:
         task = asyncio.current_task()
     except RuntimeError:  # no running loop
         task = None
-    if task is not None:  # created before ``install``: its coroutine names it
+    if task is not None:  # created before ``install`` (or on a marked thread): its coroutine names it
         return _coroutine_name(task.get_coro())
-    return ""  # a callback of the runtime's, or an unnamed thread's
+    # a callback of the runtime's, or a thread's own call
+    return "" if lineage is None else lineage.name
 
 
 def mark_thread() -> None:
@@ -147,7 +154,8 @@ def mark_thread() -> None:
     """
     if _LINEAGE.get() is None:
         name = threading.current_thread().name
-        _LINEAGE.set(Lineage(None, "" if _UNNAMED_THREAD.fullmatch(name) else f"thread {name}"))
+        label = "" if _UNNAMED_THREAD.fullmatch(name) else f"thread {name}"
+        _LINEAGE.set(Lineage(None, label, threading.get_ident()))
 
 
 def root_context(label: str) -> contextvars.Context:
@@ -193,6 +201,8 @@ def _child_context(
     parent = _LINEAGE.get()
     if given is not None and given.get(_LINEAGE) is not parent:
         return given  # a context chosen with its own origin (``root_context``): keep it
+    if parent is not None and parent.marks_this_thread():
+        parent = None  # (a loop this thread runs later names its tasks afresh)
     if parent is None:
         parent = _adopt(loop) or outside
     ctx = contextvars.copy_context() if given is None else given.copy()

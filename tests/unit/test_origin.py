@@ -144,6 +144,29 @@ def test_threads_are_named_after_themselves_unless_unnamed() -> None:
     assert names == ["thread loader", ""]  # Thread-N (body): a name the program did not choose
 
 
+def test_a_thread_that_used_the_blocking_face_runs_a_loop_of_its_own_with_named_tasks() -> None:
+    """A thread's mark names what it hands to the runtime's loop; a loop the thread itself runs
+    later (``asyncio.run`` after blocking calls) names its tasks afresh, not after the mark."""
+    got: list[Any] = []
+
+    def body() -> None:
+        origin.mark_thread()  # what a blocking call does
+        handed = contextvars.copy_context()  # what the runtime's loop thread runs it in
+        got.append(origin.current())
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            got.append(runner.run(main()))
+        other = threading.Thread(target=lambda: got.append(handed.run(origin.current)))
+        other.start()
+        other.join()
+
+    th = threading.Thread(target=body, name="trainer")
+    th.start()
+    th.join()
+    mark, (before, first, _, after), on_another_thread = got
+    assert mark == on_another_thread == "thread trainer"
+    assert before == after == "main" and first[0] == "main/worker[0]"
+
+
 def test_long_names_keep_their_end_behind_a_hash_of_the_whole() -> None:
     a = origin.Lineage(origin.Lineage(None, "x" * 100), "worker[0]")
     b = origin.Lineage(origin.Lineage(None, "y" * 100), "worker[0]")
