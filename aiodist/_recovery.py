@@ -30,8 +30,9 @@ import asyncio
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from aiodist._inflight import InFlight
 from aiodist.errors import (
     DistError,
     DistNetworkError,
@@ -57,9 +58,9 @@ from aiodist.wire.control import (
 from aiodist.work import Work
 
 if TYPE_CHECKING:
-    from aiodist.group import ProcessGroup, _Op
+    from aiodist.transport.base import Transport
 
-__all__ = ["ResyncReport", "StepKeeper"]
+__all__ = ["Recoverable", "ResyncReport", "StepKeeper"]
 
 # The longest a rank waits for the members' answers after a timeout.
 MAX_QUERY_WAIT = 1.0
@@ -123,11 +124,41 @@ class ResyncReport:
         return text
 
 
+class Recoverable(Protocol):
+    """A group as recovery sees it (``aiodist.group.ProcessGroup`` is one): its members, its
+    numbering and its operations in flight, read and changed only through these."""
+
+    loop: asyncio.AbstractEventLoop
+    transport: Transport
+    gid: int
+    name: str
+    timeout: float
+    rank: int
+    global_rank: int
+    ranks: tuple[int, ...]
+    broken: DistError | None
+    out_of_step: GroupOutOfStepError | None
+
+    @property
+    def next_seq(self) -> int: ...
+
+    @property
+    def settled_below(self) -> int: ...
+
+    def in_flight(self) -> list[InFlight]: ...
+
+    def fail_op(self, op: InFlight, err: BaseException) -> None: ...
+
+    def give_up_op(self, op: InFlight, note: str) -> None: ...
+
+    def restart_numbering(self, agreed: int) -> None: ...
+
+
 @dataclass(slots=True)
 class _Query:
     """A state query this rank sent after ``op`` timed out."""
 
-    op: _Op
+    op: InFlight
     limit: float
     waiting: str
     stall: str
@@ -153,7 +184,7 @@ class _Resync:
 class StepKeeper:
     """A group's state exchange after timeouts, its out-of-step marking, and its resync."""
 
-    def __init__(self, group: ProcessGroup) -> None:
+    def __init__(self, group: Recoverable) -> None:
         self.group = group
         self.resyncs = 0  # resyncs completed on this group
         self._next_qid = 0
@@ -193,7 +224,7 @@ class StepKeeper:
             if op.key[0] == g.gid and op.key[1] == COLL and op.future is not None and not op.future.done()
         }
 
-    def _op(self, seq: int) -> _Op | None:
+    def _op(self, seq: int) -> InFlight | None:
         g = self.group
         key = (g.gid, COLL, seq)
         for op in g.in_flight():
@@ -207,7 +238,7 @@ class StepKeeper:
 
     # -- after a timeout ------------------------------------------------------------------
     def timed_out(
-        self, op: _Op, limit: float, waiting: str, stall: str, note: str = "", elapsed: float = math.inf
+        self, op: InFlight, limit: float, waiting: str, stall: str, note: str = "", elapsed: float = math.inf
     ) -> None:
         """``op`` (a collective, already abandoned here) timed out, after ``elapsed`` seconds
         (``note``: why before its own deadline; ``waiting``: " waiting for ..." or empty, as

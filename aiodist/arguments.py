@@ -14,18 +14,16 @@ each receive's exact byte check catches sizes that disagree.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from aiodist import _tensors
 from aiodist.backends.base import IN, INOUT, OUT, Binding, Op
 from aiodist.errors import DistTypeError, DistValueError
 from aiodist.ops import check_reduce, dtype_name
 
-if TYPE_CHECKING:
-    from aiodist.group import ProcessGroup
-
 __all__ = [
     "Checked",
+    "Members",
     "OneDevice",
     "check_device",
     "all_gather",
@@ -40,6 +38,17 @@ __all__ = [
     "reduce_scatter_tensor",
     "scatter",
 ]
+
+
+class Members(Protocol):
+    """What the checks need of a group (``aiodist.group.ProcessGroup`` is one): its size, this
+    rank's place in it, and the group rank of a global one."""
+
+    rank: int
+    size: int
+
+    def group_rank(self, global_rank: int, arg: str = "rank") -> int: ...
+
 
 Array = Any  # a flat numpy view
 
@@ -141,32 +150,32 @@ def _split(arr: Array, n: int) -> tuple[Array, ...]:
     return tuple(arr[i * b : (i + 1) * b] for i in range(n))
 
 
-def broadcast(g: ProcessGroup, b: Binding, tensor: Any, src: int) -> Checked:
+def broadcast(g: Members, b: Binding, tensor: Any, src: int) -> Checked:
     root = g.group_rank(src, "src")
     arr = b.tensor(tensor, arg="tensor", role=INOUT, writable=g.rank != root)
     return Checked(Op("broadcast", (arr,), root=root), dtype_name(arr.dtype), arr.size)
 
 
-def all_reduce(g: ProcessGroup, b: Binding, tensor: Any, op: Any) -> Checked:
+def all_reduce(g: Members, b: Binding, tensor: Any, op: Any) -> Checked:
     arr = b.tensor(tensor, arg="tensor", role=INOUT, writable=True)
     rop = check_reduce(op, arr.dtype)
     return Checked(Op("all_reduce", (arr,), reduce_op=rop), dtype_name(arr.dtype), arr.size)
 
 
-def reduce(g: ProcessGroup, b: Binding, tensor: Any, dst: int, op: Any) -> Checked:
+def reduce(g: Members, b: Binding, tensor: Any, dst: int, op: Any) -> Checked:
     root = g.group_rank(dst, "dst")
     arr = b.tensor(tensor, arg="tensor", role=INOUT, writable=g.rank == root)
     rop = check_reduce(op, arr.dtype)
     return Checked(Op("reduce", (arr,), root=root, reduce_op=rop), dtype_name(arr.dtype), arr.size)
 
 
-def all_gather(g: ProcessGroup, b: Binding, tensor_list: Any, tensor: Any) -> Checked:
+def all_gather(g: Members, b: Binding, tensor_list: Any, tensor: Any) -> Checked:
     inp = b.tensor(tensor, arg="tensor", role=IN, writable=False)
     outs = _tensor_list(b, tensor_list, "tensor_list", writable=True, length=g.size, like=inp)
     return Checked(Op("all_gather", tuple(outs), (inp,)), dtype_name(inp.dtype), inp.size)
 
 
-def all_gather_into_tensor(g: ProcessGroup, b: Binding, output_tensor: Any, input_tensor: Any) -> Checked:
+def all_gather_into_tensor(g: Members, b: Binding, output_tensor: Any, input_tensor: Any) -> Checked:
     inp = b.tensor(input_tensor, arg="input_tensor", role=IN, writable=False)
     out = b.tensor(output_tensor, arg="output_tensor", role=OUT, writable=True)
     _same_dtype(out, inp, "output_tensor", "input_tensor")
@@ -178,7 +187,7 @@ def all_gather_into_tensor(g: ProcessGroup, b: Binding, output_tensor: Any, inpu
     return Checked(Op("all_gather", _split(out, g.size), (inp,)), dtype_name(inp.dtype), inp.size)
 
 
-def gather(g: ProcessGroup, b: Binding, tensor: Any, gather_list: Any, dst: int) -> Checked:
+def gather(g: Members, b: Binding, tensor: Any, gather_list: Any, dst: int) -> Checked:
     root = g.group_rank(dst, "dst")
     inp = b.tensor(tensor, arg="tensor", role=IN, writable=False)
     outs: list[Array] = []
@@ -191,7 +200,7 @@ def gather(g: ProcessGroup, b: Binding, tensor: Any, gather_list: Any, dst: int)
     return Checked(Op("gather", tuple(outs), (inp,), root=root), dtype_name(inp.dtype), inp.size)
 
 
-def scatter(g: ProcessGroup, b: Binding, tensor: Any, scatter_list: Any, src: int) -> Checked:
+def scatter(g: Members, b: Binding, tensor: Any, scatter_list: Any, src: int) -> Checked:
     root = g.group_rank(src, "src")
     out = b.tensor(tensor, arg="tensor", role=OUT, writable=True)
     ins: list[Array] = []
@@ -204,14 +213,14 @@ def scatter(g: ProcessGroup, b: Binding, tensor: Any, scatter_list: Any, src: in
     return Checked(Op("scatter", (out,), tuple(ins), root=root), dtype_name(out.dtype), out.size)
 
 
-def reduce_scatter(g: ProcessGroup, b: Binding, output: Any, input_list: Any, op: Any) -> Checked:
+def reduce_scatter(g: Members, b: Binding, output: Any, input_list: Any, op: Any) -> Checked:
     out = b.tensor(output, arg="output", role=OUT, writable=True)
     ins = _tensor_list(b, input_list, "input_list", writable=False, length=g.size, like=out)
     rop = check_reduce(op, out.dtype)
     return Checked(Op("reduce_scatter", (out,), tuple(ins), reduce_op=rop), dtype_name(out.dtype), out.size)
 
 
-def reduce_scatter_tensor(g: ProcessGroup, b: Binding, output: Any, input: Any, op: Any) -> Checked:
+def reduce_scatter_tensor(g: Members, b: Binding, output: Any, input: Any, op: Any) -> Checked:
     out = b.tensor(output, arg="output", role=OUT, writable=True)
     inp = b.tensor(input, arg="input", role=IN, writable=False)
     _same_dtype(out, inp, "output", "input")
@@ -224,7 +233,7 @@ def reduce_scatter_tensor(g: ProcessGroup, b: Binding, output: Any, input: Any, 
     return Checked(op_, dtype_name(out.dtype), out.size)
 
 
-def all_to_all(g: ProcessGroup, b: Binding, output_tensor_list: Any, input_tensor_list: Any) -> Checked:
+def all_to_all(g: Members, b: Binding, output_tensor_list: Any, input_tensor_list: Any) -> Checked:
     ins = _tensor_list(
         b, input_tensor_list, "input_tensor_list", writable=False, length=g.size, like=None, same_size=False
     )
@@ -288,7 +297,7 @@ def _cut(arr: Array, splits: list[int], per_row: int) -> tuple[Array, ...]:
 
 
 def all_to_all_single(
-    g: ProcessGroup, b: Binding, output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any
+    g: Members, b: Binding, output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any
 ) -> Checked:
     out = b.tensor(output, arg="output", role=OUT, writable=True)
     inp = b.tensor(input, arg="input", role=IN, writable=False)

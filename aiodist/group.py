@@ -24,6 +24,7 @@ from typing import Any
 from aiodist import _tensors
 from aiodist import arguments as _args
 from aiodist import work as _work
+from aiodist._inflight import InFlight
 from aiodist._recovery import StepKeeper
 from aiodist._tensors import byte_view
 from aiodist.backends.base import IN, OUT, Backend, Binding, Gate, Op
@@ -68,36 +69,6 @@ log = logging.getLogger("aiodist")
 PEER_LOSS_GRACE = 1.0
 
 _MIN_TAG, _MAX_TAG = -(2**63), 2**63 - 1
-
-
-class _Op:
-    """Bookkeeping of one in-flight operation."""
-
-    __slots__ = (
-        "cleanup", "deadline", "error", "future", "is_task", "key", "limit", "name", "on_timeout",
-        "peer", "sent", "started", "survives_loss",
-    )  # fmt: skip
-
-    def __init__(self, name: str, key: Key) -> None:
-        self.name = name
-        self.key = key
-        self.future: asyncio.Future[Any] | None = None
-        self.deadline = math.inf  # loop time at which it times out
-        self.limit = 0.0  # its timeout in seconds
-        self.error: BaseException | None = None
-        self.is_task = False
-        self.started = False  # a task's body has run its first step
-        self.cleanup: Callable[[], object] | None = None
-        self.survives_loss = False  # a diagnostic that reports lost members itself
-        # What its deadline fails it with, for an operation its backend's own engine runs
-        # (``ProcessGroup.track_own``); None: a collective over the transport, whose timeout
-        # starts the members' exchange about where they stand.
-        self.on_timeout: Callable[[float], BaseException] | None = None
-        # A pending send: (receiver, fingerprint of its message), so that the receiver's refusal
-        # of the message fails it (``ProcessGroup._on_send_refused``).
-        self.sent: tuple[int, Fingerprint] | None = None
-        # A point-to-point operation's peer (None: a receive from any source, or a collective).
-        self.peer: int | None = None
 
 
 def _describe_ranks(ranks: Sequence[int | None]) -> str:
@@ -157,7 +128,7 @@ class ProcessGroup:
         self._reduction_tail: Work | None = None
         self._behind: dict[Key, str] = {}
         self.broken: DistError | None = None
-        self._inflight: dict[asyncio.Future[Any], _Op] = {}
+        self._inflight: dict[asyncio.Future[Any], InFlight] = {}
         # One timer for the group, armed at the earliest deadline of the operations in flight
         # (a timer per operation, created and cancelled on every send and receive, cost more
         # than the rest of the bookkeeping of a small message).
@@ -213,15 +184,15 @@ class ProcessGroup:
         """Collectives numbered below this were settled by a resync (abandoned where unfinished)."""
         return self._floor
 
-    def in_flight(self) -> list[_Op]:
+    def in_flight(self) -> list[InFlight]:
         """The group's operations in flight, oldest first (a copy: failing one may end others)."""
         return list(self._inflight.values())
 
-    def fail_op(self, op: _Op, err: BaseException) -> None:
+    def fail_op(self, op: InFlight, err: BaseException) -> None:
         """Fail ``op`` with ``err``, taking back what it still sends or receives."""
         self._fail(op, err)
 
-    def give_up_op(self, op: _Op, note: str) -> None:
+    def give_up_op(self, op: InFlight, note: str) -> None:
         """Time ``op`` out before its deadline: a member gave up on it (``note`` says which)."""
         self._give_up(op, note)
 
@@ -270,7 +241,7 @@ class ProcessGroup:
             err.__cause__ = exc
             self._fail(op, err)
 
-    def _fail_stranded(self, ops: list[_Op], exc: DistNetworkError) -> None:
+    def _fail_stranded(self, ops: list[InFlight], exc: DistNetworkError) -> None:
         """Fail the operations that were in flight when a member was lost and are still pending."""
         for op in ops:
             if op.future is not None and not op.future.done():
@@ -363,7 +334,7 @@ class ProcessGroup:
             self._deadline_timer, self._deadline_at = None, math.inf
 
     # -- operation tracking ---------------------------------------------------------------
-    def _track(self, op: _Op, fut: asyncio.Future[Any], timeout: float | None) -> None:
+    def _track(self, op: InFlight, fut: asyncio.Future[Any], timeout: float | None) -> None:
         op.future = fut
         self._inflight[fut] = op
         if self._poll.for_ops:  # fixed per loop, so _untrack releases exactly what this held
@@ -400,7 +371,7 @@ class ProcessGroup:
         if soonest < self._deadline_at:
             self._arm_deadline(soonest)
 
-    def _timed_out(self, op: _Op, t: float) -> None:
+    def _timed_out(self, op: InFlight, t: float) -> None:
         if op.on_timeout is not None:
             self._fail(op, op.on_timeout(t))
             return
@@ -425,7 +396,7 @@ class ProcessGroup:
         )
         self._fail(op, err)
 
-    def _give_up(self, op: _Op, note: str) -> None:
+    def _give_up(self, op: InFlight, note: str) -> None:
         """Time out the collective ``op`` before its deadline: a member gave up on it (``note``)."""
         if op.on_timeout is not None:  # (not one the members exchange about)
             op.deadline = math.inf
@@ -440,7 +411,7 @@ class ProcessGroup:
             note, self.loop.time() - started,
         )  # fmt: skip
 
-    def _waiting_phrase(self, op: _Op) -> str:
+    def _waiting_phrase(self, op: InFlight) -> str:
         """What the collective ``op`` was waiting for, for its timeout's error (" waiting for
         ..."; empty while it was still sending): the ranks whose data it lacked, or the earlier
         reduction whose end it waited for (``_in_turn``)."""
@@ -453,7 +424,7 @@ class ProcessGroup:
         waiting = self.transport.mailbox.waiting_on(op.key)
         return f" waiting for data from {_describe_ranks(waiting)}" if waiting else ""
 
-    def _fail(self, op: _Op, err: BaseException, *, withdraw: bool = True) -> None:
+    def _fail(self, op: InFlight, err: BaseException, *, withdraw: bool = True) -> None:
         """Fail ``op`` with ``err``; ``withdraw``: take back what it still sends or receives
         first (its cleanup), unless its message was taken already (then it completes)."""
         fut = op.future
@@ -492,14 +463,14 @@ class ProcessGroup:
         ``survives_loss``: losing a member does not fail this operation after the grace
         period (it handles lost members itself, as monitored_barrier does).
         """
-        op = _Op(name, key)
+        op = InFlight(name, key)
         op.is_task = True
         op.survives_loss = survives_loss
         task = self.loop.create_task(self._body(op, coro))
         self._track(op, task, timeout)
         return Work(task, name)
 
-    async def _body(self, op: _Op, coro: Coroutine[Any, Any, Any]) -> Any:
+    async def _body(self, op: InFlight, coro: Coroutine[Any, Any, Any]) -> Any:
         op.started = True
         if op.error is not None:  # failed before this task first ran (see _fail)
             coro.close()
@@ -537,7 +508,7 @@ class ProcessGroup:
             self._abandon(op, exc)
             raise
 
-    def _abandon(self, op: _Op, exc: BaseException) -> None:
+    def _abandon(self, op: InFlight, exc: BaseException) -> None:
         """After a failure: drop the operation's stale data and, unless it merely timed out here,
         tell the other members so that none of them waits for data this rank will not send."""
         if op.key[1] != COLL:
@@ -563,10 +534,10 @@ class ProcessGroup:
         sent: tuple[int, Fingerprint] | None = None,
     ) -> Work:
         """Track a plain future (a posted receive, a pending send) as an operation (``peer``: a
-        point-to-point operation's; ``sent``: a send's receiver and fingerprint, see ``_Op``)."""
+        point-to-point operation's; ``sent``: a send's receiver and fingerprint, see ``InFlight``)."""
         if fut.done():
             return Work(fut, name)
-        op = _Op(name, key)
+        op = InFlight(name, key)
         op.cleanup = cleanup
         op.peer = peer
         op.sent = sent
@@ -588,7 +559,7 @@ class ProcessGroup:
         is no exchange about where the members stand and nothing to abandon. Losing a member of
         the transport does not fail it either: the engine reports its own peers' failures.
         """
-        op = _Op(name, key)
+        op = InFlight(name, key)
         op.on_timeout = timed_out
         op.survives_loss = True
         self._track(op, fut, timeout)

@@ -39,10 +39,25 @@ from aiodist.ops import ReduceOp
 from aiodist.work import Work
 
 if TYPE_CHECKING:
-    from aiodist.collectives.context import OpContext
-    from aiodist.group import ProcessGroup
+    import asyncio
+    from collections.abc import Callable, Coroutine
 
-__all__ = ["IN", "INOUT", "OUT", "Backend", "Binding", "Gate", "Op", "OpKind", "Role", "TensorOps"]
+    from aiodist.collectives.context import OpContext
+    from aiodist.wire.messages import Key
+
+__all__ = [
+    "IN",
+    "INOUT",
+    "OUT",
+    "Backend",
+    "Binding",
+    "BoundGroup",
+    "Gate",
+    "Op",
+    "OpKind",
+    "Role",
+    "TensorOps",
+]
 
 Array = Any  # a flat numpy view (see aiodist._tensors.as_array)
 
@@ -143,6 +158,50 @@ class TensorOps(Protocol):
         ...
 
 
+class BoundGroup(Protocol):
+    """A group as its backend sees it (``aiodist.group.ProcessGroup`` is one): who its members
+    are, and the two ways to start a numbered operation it tracks."""
+
+    loop: asyncio.AbstractEventLoop
+    gid: int
+    name: str
+    timeout: float
+    rank: int  # this rank's group rank (-1: not a member)
+    size: int
+    global_rank: int
+    ranks: tuple[int, ...]  # the members' global ranks, in group-rank order
+
+    def group_rank(self, global_rank: int, arg: str = "rank") -> int: ...
+
+    def check_usable(self, what: str) -> None: ...
+
+    def p2p_args(self, what: str, peer: Any, tag: Any) -> tuple[int | None, int]:
+        """The checked peer (a global rank) and tag of a send (``what="send"``) or a receive."""
+        ...
+
+    def track_collective(
+        self,
+        ctx: OpContext,
+        coro: Coroutine[Any, Any, Any],
+        timeout: float | None = None,
+        *,
+        survives_loss: bool = False,
+    ) -> Work:
+        """Run the algorithm ``coro`` of the numbered collective ``ctx`` (aiodist's algorithms)."""
+        ...
+
+    def track_own(
+        self,
+        name: str,
+        key: Key,
+        fut: asyncio.Future[Any],
+        timeout: float | None,
+        timed_out: Callable[[float], BaseException],
+    ) -> Work:
+        """Track an operation the backend's own engine runs, completed by ``fut``."""
+        ...
+
+
 class Backend(Protocol):
     """What a group runs its tensor operations on; given to ``ProcessGroup`` at creation."""
 
@@ -152,7 +211,7 @@ class Backend(Protocol):
         transport does. Collectives always start through ``bind``."""
         ...
 
-    def bind(self, group: ProcessGroup, what: str) -> Binding:
+    def bind(self, group: BoundGroup, what: str) -> Binding:
         """A binding for one operation ``what`` of ``group`` (see the module doc)."""
         ...
 

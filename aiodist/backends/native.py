@@ -12,10 +12,10 @@ leaders across hosts) where ``select.host_algorithm`` calls for them, the flat d
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiodist import _tensors
-from aiodist.backends.base import Array, Binding, Gate, Op, Role, TensorOps
+from aiodist.backends.base import Array, Binding, BoundGroup, Gate, Op, Role, TensorOps
 from aiodist.collectives import hostaware, select
 from aiodist.collectives.allgather import allgather
 from aiodist.collectives.allreduce import allreduce
@@ -28,9 +28,6 @@ from aiodist.collectives.reduce import reduce
 from aiodist.collectives.reduce_scatter import reduce_scatter
 from aiodist.ops import ReduceOp
 from aiodist.work import Work
-
-if TYPE_CHECKING:
-    from aiodist.group import ProcessGroup
 
 __all__ = ["NATIVE", "NativeBackend", "algorithm"]
 
@@ -104,7 +101,7 @@ async def _gated(gate: Gate, coro: Coroutine[Any, Any, None]) -> None:
 class _NativeBinding:
     __slots__ = ("group",)
 
-    def __init__(self, group: ProcessGroup) -> None:
+    def __init__(self, group: BoundGroup) -> None:
         self.group = group
 
     def tensor(self, obj: Any, *, arg: str, role: Role, writable: bool) -> Array:
@@ -132,7 +129,7 @@ class NativeBackend:
     def __repr__(self) -> str:
         return "<NativeBackend>"
 
-    def bind(self, group: ProcessGroup, what: str) -> Binding:
+    def bind(self, group: BoundGroup, what: str) -> Binding:
         return _NativeBinding(group)
 
     def direct(self, obj: Any) -> bool:

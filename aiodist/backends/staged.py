@@ -40,13 +40,12 @@ import numpy as np
 
 from aiodist import _tensors
 from aiodist.arguments import OneDevice
-from aiodist.backends.base import IN, INOUT, OUT, Backend, Binding, Gate, Op, Role, TensorOps
+from aiodist.backends.base import IN, INOUT, OUT, Backend, Binding, BoundGroup, Gate, Op, Role, TensorOps
 from aiodist.errors import DistError, DistValueError
 from aiodist.work import Work
 
 if TYPE_CHECKING:
     from aiodist.collectives.context import OpContext
-    from aiodist.group import ProcessGroup
 
 __all__ = [
     "DEFAULT_MAX_CACHED_BYTES",
@@ -473,7 +472,7 @@ class StagedBackend:
     def __repr__(self) -> str:
         return f"<StagedBackend {type(self.stager).__name__} over {self.inner!r}>"
 
-    def bind(self, group: ProcessGroup, what: str) -> Binding:
+    def bind(self, group: BoundGroup, what: str) -> Binding:
         inner = self.inner.bind(group, what)
         if self.stager is None:
             return inner

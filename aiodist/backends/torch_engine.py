@@ -46,7 +46,7 @@ import numpy as np
 
 from aiodist import _tensors
 from aiodist import arguments as _args
-from aiodist.backends.base import IN, OUT, Array, Binding, Gate, Op, Role, TensorOps
+from aiodist.backends.base import IN, OUT, Array, Binding, BoundGroup, Gate, Op, Role, TensorOps
 from aiodist.collectives.context import OpContext
 from aiodist.errors import (
     DistError,
@@ -260,7 +260,7 @@ class TorchBackend:
             self.backend, self._store, group, timeout=group.timeout, host=self._host, device=self._device
         )
 
-    def bind(self, group: ProcessGroup, what: str) -> Binding:
+    def bind(self, group: BoundGroup, what: str) -> Binding:
         if self.engine is None:
             raise DistError(
                 f"{what} on rank {group.global_rank}: torch's engine of {group.name} is not connected"
@@ -412,7 +412,7 @@ class TorchEngine:
         group: the aiodist group served.
     """
 
-    def __init__(self, backend: str, pg: Any, group: ProcessGroup, device: Any = None) -> None:
+    def __init__(self, backend: str, pg: Any, group: BoundGroup, device: Any = None) -> None:
         self.backend = backend
         self.kind = ENGINE_BACKENDS[backend]
         self.pg = pg

@@ -27,7 +27,7 @@ from aiodist.group import ProcessGroup
 from aiodist.ops import ReduceOp, as_reduce_op
 from aiodist.runtime.timeouts import as_seconds
 from aiodist.settings import Settings
-from aiodist.sync import _torch_default
+from aiodist.sync import _job_backend, _torch_default
 from aiodist.sync._bridge import call, on_loop, run, start_p2p
 from aiodist.sync._launch import profiling, run_op
 from aiodist.sync._preamble import ANY, NON_GROUP_MEMBER, not_in_group, resolved, torch_op
@@ -133,11 +133,6 @@ class _NonMember(int):
 
     def __repr__(self) -> str:
         return f"GroupMember.NON_GROUP_MEMBER(ranks={list(self.ranks)})"
-
-
-# The name the job was initialised with ("gloo", "tcp"), for get_backend: the one piece of
-# state of this face besides the runtime's default group (both die with destroy_process_group).
-_backend_name: str | None = None
 
 
 def _seconds(timeout: datetime.timedelta | float | None) -> float | None:
@@ -319,7 +314,6 @@ def init_process_group(
             group could not be made as ``AIODIST_TORCH_DEFAULT_GROUP`` asks (the job is then
             left again; the message says why and what to do).
     """
-    global _backend_name
     _refuse_pg_options("init_process_group", pg_options)
     name = _backend_for_cpu(backend)
     settings = Settings.read()  # every variable, once: a bad value fails before the rendezvous
@@ -337,7 +331,7 @@ def init_process_group(
             device_id=device_id,
         )
     )
-    _backend_name = name
+    _job_backend.set_name(name)
     try:
         _torch_default.initialise_for_torch(for_torch)
     except BaseException:
@@ -352,9 +346,8 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     With None, torch.distributed's default group made by ``init_process_group`` (and the groups
     torch made after it) are destroyed first, if torch still has it.
     """
-    global _backend_name
     if group is None or group is GroupMember.WORLD:
-        _backend_name = None
+        _job_backend.set_name(None)
         group = None
         _torch_default.release_for_torch()  # torch's default group runs on this job's connections
     run(_world.destroy_process_group(group))
@@ -493,8 +486,7 @@ def get_backend(group: Any = None) -> Backend:
     """The backend name the job was initialised with ("gloo" unless "tcp" was asked for)."""
     if isinstance(group, int) and group == GroupMember.NON_GROUP_MEMBER:
         raise DistValueError("Invalid process group specified")
-    pg = _world.resolve_group(group)
-    return Backend(_backend_name or pg.backend)
+    return Backend(_job_backend.name_of(group))
 
 
 def _ranks_of(group: Any, what: str) -> tuple[int, ...]:

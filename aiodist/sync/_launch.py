@@ -25,6 +25,7 @@ import numpy as np
 from aiodist import _tensors
 from aiodist import work as _work
 from aiodist._tensors import NotContiguousError
+from aiodist.sync import _job_backend
 from aiodist.sync._bridge import call
 from aiodist.work import Work
 
@@ -165,9 +166,7 @@ def _contiguous_copy(obj: Any) -> Any:
 
 
 def _backend() -> str:
-    from aiodist.sync._core import get_backend
-
     try:
-        return str(get_backend())
+        return _job_backend.name_of()
     except Exception:  # no default group: the operation will say so itself
         return "gloo"

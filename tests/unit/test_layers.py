@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("aiodist.collectives",),
     # The group and what it runs its operations on (it holds a Backend; backends start the
     # group's numbered operations): one layer.
-    ("aiodist.group", "aiodist.arguments", "aiodist._recovery", "aiodist.backends"),
+    ("aiodist.group", "aiodist._inflight", "aiodist.arguments", "aiodist._recovery", "aiodist.backends"),
     ("aiodist.rendezvous",),
     ("aiodist.face", "aiodist"),  # "aiodist": the package itself, the async face's names
     ("aiodist.testing",),
@@ -108,6 +108,50 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
     probe.write_text("def f():\n    from aiodist.sync._bridge import call\n    return call\n")
     assert imports_of("aiodist.runtime.probe", probe) == [("aiodist.sync._bridge", 2)]
     assert layer_of("aiodist.sync._bridge") > layer_of("aiodist.runtime.probe")
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The modules that import each other in a loop (strongly connected, more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            circle = []
+            while True:
+                w = stack.pop()
+                circle.append(w)
+                if w == v:
+                    break
+            if len(circle) > 1:
+                circles.append(sorted(circle))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_import_circle() -> None:
+    """Modules of one layer may import each other, but never in a loop: a part that imports what
+    imports it cannot be read, tested or replaced alone (a protocol of its own breaks such a loop)."""
+    graph = {m: {t for t, _ in imports_of(m, p) if t in MODULES and t != m} for m, p in MODULES.items()}
+    assert import_circles(graph) == []
+
+
+def test_the_circle_check_finds_a_circle() -> None:
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []
 
 
 def test_every_module_has_a_layer() -> None:
