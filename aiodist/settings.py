@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from aiodist.errors import DistValueError
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.runtime import host as _host
+from aiodist.runtime.origin import TASK_CHECKS
 
 __all__ = [
     "DebugLevel",
@@ -49,7 +50,6 @@ RENDEZVOUS_LOG_INTERVAL = 30.0
 #: ``AIODIST_BUSY_POLL_US``'s default where every rank of the host has a core to itself.
 BUSY_POLL_US = 200.0
 
-TASK_CHECKS = ("auto", "strict", "off")
 HOST_ALGOS = ("auto", "flat", "direct")
 SHM_MODES = {"": "on", "1": "on", "on": "on", "true": "on", "yes": "on", "copy": "copy"}
 SHM_MODES |= dict.fromkeys(("0", "off", "false", "no"), "off")

@@ -47,7 +47,6 @@ from collections.abc import Collection, Coroutine, Generator
 from typing import Any
 
 from aiodist.errors import DistValueError
-from aiodist.settings import TASK_CHECKS
 
 __all__ = [
     "MAX_NAME",
@@ -223,6 +222,8 @@ def _adopt(loop: asyncio.AbstractEventLoop) -> Lineage | None:
 
 # -- when differing origins are a mismatch ------------------------------------------------------
 
+#: ``task_check``: when differing origins of paired collectives are a mismatch (``OriginBook``).
+TASK_CHECKS = ("auto", "strict", "off")
 _BOOK_SIZE = 64  # origins remembered per group (the most recent)
 _SLOT_HASHES = 16  # of which a DETAIL slot carries this many
 _COUNTS = re.compile(r"\[\d+\]")
