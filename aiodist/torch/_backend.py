@@ -307,7 +307,7 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
 
 
 def _lent_mesh(world: Any, rank: int, size: int, *, python_only: bool) -> _Mesh:
-    """The sync face's connections, for torch's default group (see ``lend_world``)."""
+    """The sync face's connections, for torch's default group (handed over as ``LentJob``)."""
     group = world.default_group
     if (rank, size) != (group.rank, group.size):
         raise DistError(

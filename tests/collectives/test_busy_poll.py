@@ -60,7 +60,7 @@ def test_budget_defaults_to_off_on_an_oversubscribed_host(
 @pytest.mark.parametrize(
     ("raw", "seconds"), [("50", 50e-6), ("0", 0.0), (" 1000.5 ", 1000.5e-6), ("-3", 0.0)]
 )
-def test_budget_from_env(
+def test_budget_from_the_variable(
     monkeypatch: pytest.MonkeyPatch, settings_reset: None, raw: str, seconds: float
 ) -> None:
     monkeypatch.setattr(_host, "has_core_per_rank", lambda: False)  # an explicit value wins

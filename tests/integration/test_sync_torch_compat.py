@@ -194,25 +194,25 @@ def job() -> list[dict[str, Any]]:
 
 
 def test_debug_level_functions_read_and_write_aiodist_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    from aiodist.settings import detail_on as detail_enabled
+    from aiodist.settings import detail_on
 
     monkeypatch.delenv("AIODIST_DEBUG", raising=False)
     monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG", raising=False)
     assert dist.get_debug_level() == dist.DebugLevel.OFF
     dist.set_debug_level(dist.DebugLevel.DETAIL)
-    assert dist.get_debug_level() == dist.DebugLevel.DETAIL and detail_enabled()
+    assert dist.get_debug_level() == dist.DebugLevel.DETAIL and detail_on()
     dist.set_debug_level("info")
-    assert dist.get_debug_level() == dist.DebugLevel.INFO and not detail_enabled()
+    assert dist.get_debug_level() == dist.DebugLevel.INFO and not detail_on()
     monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
     dist.set_debug_level_from_env()
-    assert dist.get_debug_level() == dist.DebugLevel.DETAIL and detail_enabled()
+    assert dist.get_debug_level() == dist.DebugLevel.DETAIL and detail_on()
     monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "LOUD")
     with pytest.raises(ValueError, match="TORCH_DISTRIBUTED_DEBUG"):
         dist.set_debug_level_from_env()
     with pytest.raises(ValueError, match="not a debug level"):
         dist.set_debug_level(7)
     dist.set_debug_level(dist.DebugLevel.OFF)
-    assert not detail_enabled()
+    assert not detail_on()
 
 
 def test_torch_debug_variable_is_read_at_import() -> None:
