@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from aiodist import settings
+from aiodist.runtime import busy_poll
 from aiodist.transport import shm_segment
 
 TIERS = ("unit", "collectives", "integration", "faults", "hosts")
@@ -52,14 +53,16 @@ def _segments() -> set[str]:
 
 
 @pytest.fixture(autouse=True)
-def _debug_level_as_the_environment_says() -> Iterator[None]:
-    """The process-wide debug level a test set (or applied from a variable it set) ends with it."""
+def _process_settings_as_the_environment_says() -> Iterator[None]:
+    """What a test applied process-wide (the debug level, the busy-poll budget: set by each init
+    from the environment) ends with it, as its environment does."""
     yield
     try:
-        level = settings.Settings.read().debug
+        read = settings.Settings.read()
     except ValueError:  # a variable the test left behind: not this fixture's business
-        level = settings.DebugLevel.OFF
-    settings.set_debug_level(level, export=False)
+        read = settings.Settings()
+    settings.set_debug_level(read.debug, export=False)
+    busy_poll.configure(read.busy_poll_us)
 
 
 @pytest.fixture(autouse=True)

@@ -387,7 +387,10 @@ async def test_a_lost_wakeup_costs_a_moment_never_a_hang(monkeypatch: pytest.Mon
     having looked just before the record landed (store-load reordering). The writer's second
     look rings then: the message arrives a moment late, not never."""
     monkeypatch.setenv("AIODIST_BUSY_POLL_US", "0")  # nobody polls for real here
+    from aiodist.settings import Settings
     from aiodist.transport import shm_segment
+
+    Settings.read().apply()  # (as an init applies it: these transports are made by hand)
 
     if not shm_segment.SKIP_BELLS:
         pytest.skip("doorbells are never skipped on this machine")
