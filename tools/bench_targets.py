@@ -24,10 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from aiodist.bench.report import MiB, Result, aiodist_key, size_text
+from aiodist.bench.report import MiB, Result, aiodist_key, md_table, size_text
 
 __all__ = [
     "ABSOLUTE_TARGETS",
@@ -264,15 +264,6 @@ def format_targets(verdicts: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
-def _md_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    out = [
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join("---:" if i else "---" for i in range(len(head))) + "|",
-    ]
-    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(out)
-
-
 def markdown_targets(verdicts: Sequence[Result]) -> str:
     """The verdicts as a markdown section (``### Targets (N of M judged hold)`` and a table)."""
     if not verdicts:
@@ -280,7 +271,7 @@ def markdown_targets(verdicts: Sequence[Result]) -> str:
     held, judged = _counts(verdicts)
     return (
         f"### Targets ({held} of {judged} judged hold)\n\n"
-        + _md_table(
+        + md_table(
             ["face", "ranks", "aiodist", "target", "measured", "verdict", "figures"],
             [
                 (

@@ -20,6 +20,7 @@ from aiodist.bench import cases
 from aiodist.bench.worker import STREAM_BURST
 
 __all__ = [
+    "md_table",
     "RankReports",
     "Result",
     "add_latency_ratios",
@@ -321,7 +322,8 @@ def plot(jobs: Sequence[dict[str, Any]], path: str, title: str = "") -> None:
 # -- markdown -------------------------------------------------------------------------------------
 
 
-def _md_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+def md_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A markdown table: ``head``, right-aligned after the first column, then ``rows``."""
     out = [
         "| " + " | ".join(head) + " |",
         "|" + "|".join("---:" if i else "---" for i in range(len(head))) + "|",
@@ -401,7 +403,7 @@ def _headline(jobs: Sequence[dict[str, Any]], n: int) -> str:
         f"### {n} ranks{where}\n\naiodist cells: its figure (its ratio to gloo measured alternating in the same "
         "job, its ratio to MPI); latency ratios are time ratios (lower is better), bandwidth ratios "
         "algbw ratios (higher is better). gloo: the median of its figures in this world size's jobs.\n\n"
-        + _md_table(head, rows)
+        + md_table(head, rows)
     )
 
 
@@ -459,7 +461,7 @@ def markdown(data: dict[str, Any]) -> str:
                     )
                 c += [f"{r[key]:.2f}" if key in r else "-" for key, _ in ratio_cols]
                 trs.append(c)
-            body.append(_md_table(h, trs) + "\n")
+            body.append(md_table(h, trs) + "\n")
         parts.append(
             f"<details><summary>{j['face']} face, {j.get('aiodist', 'aiodist')}, {j['nprocs']} ranks: "
             "every table</summary>\n\n" + "\n".join(body) + "\n</details>"
