@@ -12,9 +12,11 @@ names the remote address; unauthenticated connections are capped.
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import logging
 import math
+import os
 import socket
 import time
 from collections.abc import Sequence
@@ -229,6 +231,12 @@ class StoreServer:
                 self._server = await asyncio.start_server(
                     self._on_connect, host=_bind_host(self._host), port=self._port, backlog=2048
                 )
+            if None in self._server.sockets:
+                # uvloop reports a failed listen() by closing the handle, not by raising. With
+                # SO_REUSEADDR two processes can both bind a port; the later listen() then fails.
+                self._server.close()
+                self._server = None
+                raise OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE))
         except OSError as exc:
             raise DistStoreError(
                 f"could not start the store server on {self._host}:{self._port}: {exc}"

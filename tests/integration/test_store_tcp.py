@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import uvloop
 from support.faults import hostile_bytes, nested_msgpack_frame
 from support.waits import closed_within, eventually
 
@@ -134,6 +135,25 @@ async def test_master_on_a_taken_port_names_the_cause(master: TCPStore) -> None:
     assert isinstance(info.value.__cause__, OSError)
     assert info.value.__cause__.errno == errno.EADDRINUSE
     await other.aclose()
+
+
+def test_a_listen_lost_to_another_process_is_a_taken_port_under_uvloop() -> None:
+    # Two would-be hosts can both bind a port (SO_REUSEADDR); the later listen() fails, and
+    # uvloop reports that by closing the server's handle instead of raising.
+    async def lose_the_race() -> None:
+        late = socket.socket()
+        late.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        late.bind(("127.0.0.1", 0))
+        port = late.getsockname()[1]
+        async with TCPStore("127.0.0.1", port, is_master=True, secret=SECRET):
+            loser = TCPStore("127.0.0.1", port, is_master=True, sock=late, secret=SECRET)
+            with pytest.raises(DistStoreError, match=f"127.0.0.1:{port}") as info:
+                await loser.start()
+            assert isinstance(info.value.__cause__, OSError)
+            assert info.value.__cause__.errno == errno.EADDRINUSE
+            await loser.aclose()
+
+    uvloop.run(lose_the_race())
 
 
 async def test_nothing_listening_fails_after_the_timeout() -> None:
