@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from aiodist._launcher.tracebacks import named_ranks
+from aiodist._launcher.tracebacks import disagreement, named_ranks
 
 __all__ = [
     "CLOSE_EXITS",
@@ -335,12 +335,14 @@ def format_summary(
             f"  note      : its error points at rank {blamed}, which runs on another node: "
             "see that node's launcher output"
         )
-    if blamed is not None and root.rank == next(
-        (_blames(e, world_size) for e in exits if e.rank == blamed), None
-    ):
+    # Read from the root's own error: whichever of the two sides learned of the disagreement
+    # first, and from whom, the other side's error may name a bystander that relayed it.
+    sides = None if cause.remote else disagreement(root.error or "")
+    if sides is not None and root.rank in sides and sides[0] != sides[1]:
+        other = sides[1] if sides[0] == root.rank else sides[0]
         lines.append(
-            f"  note      : ranks {root.rank} and {blamed} blame each other (their operations disagree): "
-            "the one that deviates may be either"
+            f"  note      : ranks {root.rank} and {other} disagree (one expected an operation the other did "
+            "not send): the one that deviates may be either"
         )
     if root.stderr_log is not None:
         lines.append(f"  log       : {root.stderr_log}")

@@ -22,6 +22,8 @@ _AIODIST_DIR = str(Path(__file__).resolve().parents[1]) + "/"
 _INTERNAL_PARTS = ("/site-packages/aiodist/", "/asyncio/", "/concurrent/futures/")
 # "rank 3", "ranks 1, 2 and 5", "Rank 1 failed to pass monitoredBarrier".
 _RANKS = re.compile(r"\branks?\s+(\d+(?:\s*(?:,|and|or)\s*\d+)*)", re.IGNORECASE)
+# How aiodist reports two ranks whose operations disagree (a CollectiveMismatchError).
+_DISAGREEMENT = re.compile(r"\brank (\d+) expected .+? but rank (\d+) sent ")
 
 
 def _internal(path: str) -> bool:
@@ -114,3 +116,13 @@ def blamed_rank(text: str, *, own_rank: int) -> int | None:
     """
     ranks = named_ranks(text, own_rank=own_rank)
     return ranks[0] if ranks else None
+
+
+def disagreement(text: str) -> tuple[int, int] | None:
+    """The two ranks of the first disagreement ``text`` reports, or None.
+
+    "rank 1 expected all_reduce #1 (float32 x 20, sum) but rank 0 sent all_reduce #1 (...)"
+    gives ``(1, 0)``, also inside another rank's account ("rank 2 abandoned all_reduce #1: ...").
+    """
+    found = _DISAGREEMENT.search(text)
+    return (int(found.group(1)), int(found.group(2))) if found else None

@@ -63,7 +63,7 @@ def test_shape_mismatch_blames_a_rank_of_the_disagreement_never_a_bystander(tmp_
     root = int(summary_field(summary, "rank").split()[0])
     assert root in (0, 1), summary
     assert "float32 x 20" in summary_field(summary, "error") and "float32 x 10" in summary
-    assert "ranks 0 and 1 blame each other" in summary or "ranks 1 and 0 blame each other" in summary
+    assert "ranks 0 and 1 disagree" in summary or "ranks 1 and 0 disagree" in summary
     # The user's line survives the folding of the aiodist/asyncio frames; the internals do not.
     assert "dist.all_reduce(np.ones(count, np.float32))" in summary
     assert re.search(r"\(\d+ aiodist/asyncio frames? hidden\)", summary), summary
@@ -133,6 +133,24 @@ def test_root_cause_in_a_mismatch_goes_to_the_rank_both_bystanders_reach() -> No
     assert root is not None and root.rank == 1
 
 
+def test_the_two_sides_of_a_mismatch_are_named_when_one_heard_of_it_through_a_bystander() -> None:
+    # Rank 0 heard of the mismatch first through rank 2's notice, so its error names rank 2 first.
+    fingerprint = (
+        "rank 1 expected all_reduce #1 (float32 x 20, sum) but rank 0 sent all_reduce #1 (float32 x 10, sum)"
+    )
+    relayed = f"rank 1 abandoned all_reduce #1: {fingerprint}"
+    exits = [
+        _exit(0, f"CollectiveMismatchError: rank 2 abandoned all_reduce #1: {relayed}"),
+        _exit(1, f"CollectiveMismatchError: {fingerprint}"),
+        _exit(2, f"CollectiveMismatchError: {relayed}"),
+    ]
+    root = root_cause(exits)
+    assert root is not None and root.rank in (0, 1)
+    summary = format_summary(exits, prog="aiodist.run", node_rank=0, restarts=0, max_restarts=0)
+    other = 1 - root.rank
+    assert f"note      : ranks {root.rank} and {other} disagree" in summary, summary
+
+
 def test_stopped_and_successful_workers_are_never_the_root_cause() -> None:
     exits = [
         _exit(0, None, code=-15, stopped=15, at=5.0),
@@ -177,7 +195,7 @@ def test_a_rank_killed_by_a_signal_outranks_the_rank_whose_error_names_it(rank_0
     assert root is not None and root.worker is exits[1] and root.led_by == (0,)
     summary = format_summary(exits, prog="aiodist.run", node_rank=0, restarts=0, max_restarts=0)
     assert "Root cause: rank 1 (failed on its own; the error of rank 0 leads to it)" in summary, summary
-    assert "blame each other" not in summary
+    assert "disagree" not in summary
 
 
 def test_one_poll_stamps_every_exit_it_sees_with_one_time() -> None:
