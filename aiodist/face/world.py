@@ -7,7 +7,6 @@ both faces share); every other object is passed explicitly.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import datetime
 import logging
 import os
@@ -21,6 +20,7 @@ from aiodist.backends.native import NATIVE
 from aiodist.backends.staged import CudaStager, StagedBackend, Stager
 from aiodist.errors import DistError, DistTimeoutError, DistTypeError, DistValueError
 from aiodist.group import ProcessGroup
+from aiodist.job import Job
 from aiodist.rendezvous import (
     Rendezvous,
     is_loopback,
@@ -37,7 +37,6 @@ from aiodist.settings import Settings
 from aiodist.store import PrefixStore, Store, TCPStore
 from aiodist.store.base import StoreShutDownError
 from aiodist.transport.base import Transport, exit_goodbye
-from aiodist.transport.mesh import claim_rank, connect_mesh
 from aiodist.wire.control import Goodbye
 
 __all__ = [
@@ -63,16 +62,15 @@ BACKENDS = {"tcp": "tcp", "gloo": "tcp", "nccl": "nccl", "torch-gloo": "torch-gl
 
 @dataclass
 class World:
-    """Everything ``init_process_group`` built, torn down by ``destroy_process_group``."""
+    """The faces' view of the job ``init_process_group`` joined: its default group and the
+    groups made since, torn down (with the job) by ``destroy_process_group``."""
 
     default_group: ProcessGroup
-    transport: Transport
-    store: Store
-    owns_store: bool
+    job: Job
+    store: Store  # the rendezvous store (the job closes it where this process created it)
     backend: str
     loop: asyncio.AbstractEventLoop
     groups: list[ProcessGroup] = field(default_factory=list)
-    next_gid: int = 1
     # The backend of the groups on aiodist's transport: CUDA tensors staged through host
     # memory by its stager (closed by destroy).
     staged: StagedBackend = field(default_factory=lambda: StagedBackend(NATIVE, CudaStager()))
@@ -85,9 +83,28 @@ class World:
     guardian: asyncio.Task[None] | None = None
 
     @property
+    def transport(self) -> Transport:
+        return self.job.transport
+
+    @property
     def settings(self) -> Settings:
         """What the environment said when the job started (read once, by ``init_process_group``)."""
-        return self.transport.settings
+        return self.job.settings
+
+    async def close_groups(self, reason: str) -> None:
+        """The world's part of closing its job: fail what is in flight, free what the groups
+        ran on (their torch engines, the staging pool)."""
+        global _world
+        if _world is self:
+            _world = None
+        if self.guardian is not None and self.guardian is not asyncio.current_task():
+            self.guardian.cancel()
+        for g in self.groups:
+            g.abort(reason)
+        for g in self.groups:
+            if g.runs_on is not self.staged:
+                await g.runs_on.aclose()
+        await self.staged.aclose()
 
 
 _world: World | None = None
@@ -183,11 +200,12 @@ async def init_job(
             init_method, rank=rank, world_size=world_size, timeout=left, store=store, settings=settings
         )
         try:
-            job_store, (my_rank, host, transport) = await while_current(
+            job_store, (host, job) = await while_current(
                 rdv, _meet(rdv, group_name, settings.secret or rdv.secret, left, settings)
             )
             if rdv.owns_store:
                 rdv.store.set_timeout(seconds)  # later store calls get the job's timeout, not what was left
+                job.store = rdv.store
             break
         except StoreShutDownError as exc:
             # We reached a store whose host was shutting it down (a previous init's store, at
@@ -214,7 +232,7 @@ async def init_job(
     staged = StagedBackend(NATIVE, CudaStager())
     runs_on = _backend_for(engine, staged, job_store, 0, host, device)
     group = ProcessGroup(
-        transport,
+        job.transport,
         range(rdv.world_size),
         0,
         timeout=seconds,
@@ -223,26 +241,23 @@ async def init_job(
         runs_on=runs_on,
         task_check=settings.task_check,
     )
-    w = World(group, transport, rdv.store, rdv.owns_store, label, loop, [group], staged=staged)
+    w = World(group, job, rdv.store, label, loop, [group], staged=staged)
     w.engine, w.job_store, w.host, w.device = engine, job_store, host, device
+    job.on_close(w.close_groups)
     try:
         await _connect(group)
     except BaseException:
-        group.abort("init_process_group failed")
-        await transport.aclose()
-        if rdv.owns_store:
-            await rdv.store.aclose()
+        await job.close("init_process_group failed")
         raise
     _world = w
-    _leave_at_exit(loop)
     _leave_when_the_loop_ends(w)
-    log.debug("aiodist: rank %d of %d initialised (pid %d)", my_rank, rdv.world_size, os.getpid())
+    log.debug("aiodist: rank %d of %d initialised (pid %d)", job.rank, rdv.world_size, os.getpid())
 
 
 async def _meet(
     rdv: Rendezvous, group_name: str, secret: bytes | None, timeout: float, settings: Settings
-) -> tuple[Store, tuple[int, str, Transport]]:
-    """This init's namespace in the rendezvous store, and ``_join``'s (rank, host, transport)."""
+) -> tuple[Store, tuple[str, Job]]:
+    """This init's namespace in the rendezvous store, and ``_join``'s (host, job)."""
     job_store = await job_namespace(rdv, group_name, timeout)
     return job_store, await _join(rdv, job_store, group_name, secret, timeout, settings)
 
@@ -254,30 +269,30 @@ async def _join(
     secret: bytes | None,
     timeout: float,
     settings: Settings,
-) -> tuple[int, str, Transport]:
-    """Claim this process's rank in ``job_store`` and connect every peer: (rank, host, transport)."""
+) -> tuple[str, Job]:
+    """Join the job in ``job_store``: (the address peers reach this rank at, the job)."""
     global _warned_insecure
     st = rdv.store
     addr = f"{st.host}:{st.port}" if isinstance(st, TCPStore) else None
     # (A bad AIODIST_HOST fails before the claim.)
     host = local_address_towards(rdv.master_addr or "127.0.0.1", settings)
-    my_rank = await claim_rank(job_store, rdv.rank, rdv.world_size, settings, addr=addr)
     if secret is None and not is_loopback(host) and not _warned_insecure:
         _warned_insecure = True
         log.warning(
             "aiodist: no AIODIST_SECRET set and peers listen on %s: anyone who reaches it can join", host
         )
-    transport = await connect_mesh(
+    job = await Job.join(
         job_store,
-        my_rank,
+        rdv.rank,
         rdv.world_size,
         group_name=group_name,
         secret=secret,
         host=host,
         timeout=timeout,
         settings=settings,
+        addr=addr,
     )
-    return my_rank, host, transport
+    return host, job
 
 
 def _device(device_id: Any, engine: str | None, settings: Settings) -> Any:
@@ -325,34 +340,6 @@ def set_stager(stager: Stager | None) -> Stager | None:
     return old
 
 
-_exit_hook_registered = False
-
-
-def _leave_at_exit(loop: asyncio.AbstractEventLoop) -> None:
-    """When the runtime runs on the sync face's loop thread, leave in order at interpreter exit.
-
-    torch scripts often end without ``destroy_process_group``; an orderly leave tells the
-    peers this rank is done (not crashed), so ranks still talking among themselves go on.
-    """
-    global _exit_hook_registered
-    lt = _loop_thread.started_loop_thread()
-    if _exit_hook_registered or lt is None or lt.loop is not loop:
-        return
-    _exit_hook_registered = True
-    # atexit runs last-registered first: this runs before the loop thread is stopped.
-    atexit.register(_destroy_at_exit, lt)
-
-
-def _destroy_at_exit(lt: _loop_thread.LoopThread) -> None:
-    if _world is None or _world.loop is not lt.loop or lt.loop.is_closed():
-        return
-    _world.transport.goodbye = exit_goodbye()  # peers are told how this rank exited
-    try:
-        lt.run(destroy_process_group(), timeout=10)
-    except Exception as exc:  # exiting anyway; say why the leave was not clean
-        log.debug("aiodist: destroy_process_group at exit failed: %s", exc)
-
-
 def _leave_when_the_loop_ends(w: World) -> None:
     """On a program's own loop (the async face), leave in order when the program ends.
 
@@ -365,7 +352,7 @@ def _leave_when_the_loop_ends(w: World) -> None:
     """
     lt = _loop_thread.started_loop_thread()
     if lt is not None and lt.loop is w.loop:
-        return  # the sync face's loop thread: the exit hook leaves (_leave_at_exit)
+        return  # the sync face's loop thread: the job's exit hook leaves (aiodist.job)
     w.guardian = w.loop.create_task(_guard(w, asyncio.current_task()))
 
 
@@ -414,17 +401,7 @@ async def destroy_process_group(group: ProcessGroup | None = None) -> None:
             w.groups.remove(group)
         return
     _world = None
-    if w.guardian is not None and w.guardian is not asyncio.current_task():
-        w.guardian.cancel()
-    for g in w.groups:
-        g.abort("the process group was destroyed")
-    for g in w.groups:
-        if g.runs_on is not w.staged:
-            await g.runs_on.aclose()
-    await w.staged.aclose()  # frees the staging pool
-    await w.transport.aclose()
-    if w.owns_store:
-        await w.store.aclose()
+    await w.job.close("the process group was destroyed")
 
 
 def is_initialized() -> bool:
@@ -556,8 +533,7 @@ async def new_group(
         earlier = sum(1 for g in w.groups if g.gid >= local_base and list(g.ranks) == members)
         gid = local_base + (zlib.crc32(",".join(map(str, members)).encode()) << 16) + earlier
     else:
-        gid = w.next_gid
-        w.next_gid += 1
+        gid = w.job.next_gid()
     t = w.default_group.timeout if timeout is None else as_seconds(timeout)
     assert w.job_store is not None
     runs_on = _backend_for(engine, w.staged, w.job_store, gid, w.host, w.device)

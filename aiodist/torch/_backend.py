@@ -13,7 +13,6 @@ with ids of their own (``SHARED_GIDS``), and connect nothing.
 
 from __future__ import annotations
 
-import atexit
 import datetime
 import hashlib
 import logging
@@ -27,6 +26,7 @@ from aiodist.backends.native import NATIVE
 from aiodist.backends.staged import CudaStager, StagedBackend, Stager
 from aiodist.errors import DistError
 from aiodist.group import ProcessGroup
+from aiodist.job import Job
 from aiodist.rendezvous import local_address_towards, torchelastic
 from aiodist.runtime.loop_thread import LoopThread, get_loop_thread
 from aiodist.settings import Settings
@@ -34,8 +34,7 @@ from aiodist.store import PrefixStore
 from aiodist.store.c10d import TorchStore
 from aiodist.torch._adapter import Adapter
 from aiodist.torch._build import ExtensionBuildError, load_extension
-from aiodist.transport.base import Transport, exit_goodbye
-from aiodist.transport.mesh import claim_rank, connect_mesh
+from aiodist.transport.base import Transport
 
 __all__ = ["BACKEND_NAME", "SHARED_GIDS", "LentJob", "create_backend"]
 
@@ -44,26 +43,43 @@ BACKEND_NAME = "aiodist"
 log = logging.getLogger("aiodist")
 
 
-@dataclass
+@dataclass(eq=False)
 class _Mesh:
-    """Connections among the members of one group (for the default group: the whole job)."""
+    """torch's view of a job: the groups torch made on its connections (for the default group
+    the whole job's; a group made while the default group is not on aiodist has a job of its
+    own among its members). The job runs ``teardown`` when it closes."""
 
-    transport: Transport
+    job: Job
     stager: Stager
     groups: list[ProcessGroup] = field(default_factory=list)
     closed: bool = False
-    # False: the connections are the sync face's (``LentJob``), closed by its destroy.
-    owns_transport: bool = True
+    # False: the job is the sync face's (``LentJob``), closed by its destroy.
+    owns_job: bool = True
     # Added to the id of every group on this mesh: apart from the sync face's own groups.
     gid_base: int = 0
     # The level of every group on this mesh: the Python-only one (lent meshes, unless "cpp").
     python_only: bool = False
 
+    @property
+    def transport(self) -> Transport:
+        return self.job.transport
+
+    def teardown(self, reason: str) -> None:
+        """Fail what is in flight on torch's groups, free the staging memory (on the loop thread)."""
+        global _job_mesh
+        with _lock:
+            if self.closed:
+                return
+            self.closed = True
+            if _job_mesh is self:
+                _job_mesh = None
+        for g in self.groups:
+            g.abort(reason)
+        self.stager.close()
+
 
 _lock = threading.Lock()
 _job_mesh: _Mesh | None = None  # the default group's mesh, shared by later groups
-_open_meshes: list[_Mesh] = []  # closed in order at interpreter exit
-_exit_hook = False
 # How many meshes this process has connected per torch group name. torch may hand a re-created
 # group (destroy, then init again) the same store and name; the count keys each attempt's
 # rendezvous apart, and is the same on every member (each creates the same groups in order).
@@ -136,10 +152,9 @@ async def _connect(store: Any, rank: int, size: int, name: str, timeout: float, 
     secret = settings.secret
     if secret is None and settings.agent_store:
         secret = await torchelastic.peer_secret(aio_store)  # torchrun sets none; see that module
-    me = await claim_rank(aio_store, rank, size, settings)
-    transport = await connect_mesh(
+    job = await Job.join(
         aio_store,
-        me,
+        rank,
         size,
         group_name=f"torch/{name}",
         secret=secret,
@@ -149,42 +164,24 @@ async def _connect(store: Any, rank: int, size: int, name: str, timeout: float, 
     )
     with _lock:
         factory = _stager_factory
-    return _Mesh(transport, factory())
+    mesh = _Mesh(job, factory())
+    job.on_close(mesh.teardown)
+    return mesh
 
 
 def _close_mesh(lt: LoopThread, mesh: _Mesh, reason: str) -> None:
-    global _job_mesh
-    with _lock:
-        if mesh.closed:
-            return
-        mesh.closed = True
-        if _job_mesh is mesh:
-            _job_mesh = None
-        if mesh in _open_meshes:
-            _open_meshes.remove(mesh)
+    """Close torch's view of a job, and the job where it is torch's own."""
+    if mesh.closed:
+        return
+    if mesh.owns_job:
+        lt.run(mesh.job.close(reason), timeout=30)  # (runs mesh.teardown)
+        return
 
-    async def close() -> None:
-        for g in mesh.groups:
-            g.abort(reason)
-        if mesh.owns_transport:
-            await mesh.transport.aclose()
+    def close() -> None:
+        mesh.job.forget(mesh.teardown)
+        mesh.teardown(reason)
 
-    lt.run(close(), timeout=30)
-    mesh.stager.close()
-
-
-def _close_all_at_exit() -> None:
-    """Leave in order at exit, saying how the program ended, as ``aiodist.sync`` does: peers
-    read "rank 1 exited with an uncaught exception (ValueError: boom)" or "exited (its program
-    ended ...)", not that it left by destroying its group."""
-    lt = get_loop_thread()
-    goodbye = exit_goodbye()
-    for mesh in list(_open_meshes):
-        mesh.transport.goodbye = goodbye
-        try:
-            _close_mesh(lt, mesh, "the process is exiting")
-        except Exception as exc:  # exiting anyway; say why the leave was not clean
-            log.debug("aiodist: closing a torch backend mesh at exit failed: %s", exc)
+    lt.call(close)
 
 
 def create_backend(opts: Any, backend_options: Any) -> Any:
@@ -200,7 +197,7 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
         DistError: the spec puts CUDA tensors on NCCL and torch has no NCCL.
         DistTimeoutError, DistError: the group's members did not connect.
     """
-    global _job_mesh, _exit_hook
+    global _job_mesh
     lent = backend_options.world if isinstance(backend_options, LentJob) else None
     if (backend_options is not None and lent is None) or (lent is not None and opts.global_ranks_in_group):
         raise ValueError("the aiodist backend takes no pg_options")
@@ -248,16 +245,13 @@ def create_backend(opts: Any, backend_options: Any) -> Any:
     else:
         if lent is not None:
             mesh = _lent_mesh(lent, rank, size, python_only=ext is None)
+            lt.call(lambda: mesh.job.on_close(mesh.teardown))  # (closed with the sync face's job)
         else:
             mesh = lt.run(_connect(opts.store, rank, size, name, seconds, settings))
         owns, ranks, gid = True, list(range(size)), mesh.gid_base | (_group_id(name) if lent else 0)
-        with _lock:
-            _open_meshes.append(mesh)
-            if is_default:
+        if is_default:
+            with _lock:
                 _job_mesh = mesh
-            if not _exit_hook:
-                _exit_hook = True
-                atexit.register(_close_all_at_exit)  # runs before the loop thread stops
 
     def make_group() -> ProcessGroup:
         label = "default group" if is_default else f"group {name}"
@@ -316,9 +310,7 @@ def _lent_mesh(world: Any, rank: int, size: int, *, python_only: bool) -> _Mesh:
         )
     with _lock:
         factory = _stager_factory
-    return _Mesh(
-        world.transport, factory(), owns_transport=False, gid_base=SHARED_GIDS, python_only=python_only
-    )
+    return _Mesh(world.job, factory(), owns_job=False, gid_base=SHARED_GIDS, python_only=python_only)
 
 
 def _nccl_available() -> bool:

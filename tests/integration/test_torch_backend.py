@@ -666,7 +666,8 @@ def test_combined_spec_runs_cpu_tensors_on_aiodist(spec: str, cuda_backend: str)
 def _refused_spec(rank: int, world_size: int, spec: str, second_port: int) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from aiodist.torch import _backend
+    import aiodist.torch  # noqa: F401  (registers "aiodist")
+    from aiodist.job import open_jobs
 
     out: dict[str, Any] = {}
     t0 = time.monotonic()
@@ -681,7 +682,7 @@ def _refused_spec(rank: int, world_size: int, spec: str, second_port: int) -> di
     t = torch.ones(2)
     dist.all_reduce(t)
     out["after"] = t.tolist()
-    out["open_meshes"] = len(_backend._open_meshes)  # this group's: none left of the refused one
+    out["open_jobs"] = len(open_jobs())  # this group's: none left of the refused one
     dist.destroy_process_group()
     return out
 
@@ -696,7 +697,7 @@ def test_combined_spec_with_nccl_where_torch_has_none_is_refused_before_connecti
         assert name == "DistError", out["error"]  # a RuntimeError, as torch's refusal
         assert "built without NCCL" in msg and "'cpu:aiodist,cuda:gloo'" in msg, msg
         assert took < 10.0
-        assert out["after"] == [2.0, 2.0] and out["open_meshes"] == 1
+        assert out["after"] == [2.0, 2.0] and out["open_jobs"] == 1
 
 
 @pytest.mark.skipif(torch.distributed.is_mpi_available(), reason="torch here has MPI: the spec is accepted")
@@ -708,7 +709,7 @@ def test_a_group_torch_fails_after_aiodist_connected_leaves_nothing_behind() -> 
     for out in res:
         name, msg, _ = out["error"]
         assert name == "RuntimeError" and "doesn't have MPI built in" in msg, out["error"]
-        assert out["after"] == [2.0, 2.0] and out["open_meshes"] == 1
+        assert out["after"] == [2.0, 2.0] and out["open_jobs"] == 1
 
 
 def test_python_level_refuses_a_combined_spec() -> None:

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     # group's numbered operations): one layer.
     ("aiodist.group", "aiodist._inflight", "aiodist.arguments", "aiodist._recovery", "aiodist.backends"),
     ("aiodist.rendezvous",),
+    ("aiodist.job",),
     ("aiodist.face", "aiodist"),  # "aiodist": the package itself, the async face's names
     ("aiodist.testing",),
     # aiodist as a torch backend sits on the async face; the sync face stands on it, as its
