@@ -42,6 +42,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from aiodist.errors import DistError, DistStoreError, DistTimeoutError, DistValueError, name_ranks
 from aiodist.runtime import host as _host
@@ -402,19 +403,22 @@ async def _connect_mesh(
     try:
         port = await transport.listen(host)
         await store.set(f"addr/{rank}", f"{host}:{port}")
+        # The store is asked a constant number of times per rank, whatever the world size: the
+        # lower ranks' addresses in one wait and one read, and one watch for a failure elsewhere
+        # (rank 0 usually hosts the store on the loop it connects on).
+        addrs = asyncio.ensure_future(_lower_addresses(store, rank, deadline, seen))
         tasks = [
-            asyncio.ensure_future(_connect_lower(store, transport, peer, deadline, seen))
-            for peer in range(rank)
+            asyncio.ensure_future(_connect_lower(addrs, transport, peer, deadline)) for peer in range(rank)
         ]
         tasks += [
-            asyncio.ensure_future(_accept_higher(store, transport, peer, deadline, seen))
+            asyncio.ensure_future(_accept_higher(transport, peer, deadline))
             for peer in range(rank + 1, world_size)
         ]
         peers = [p for p in range(world_size) if p != rank]
         for peer, task in zip(peers, tasks, strict=True):
             task.add_done_callback(_on_connected(unconnected, peer))
         try:
-            await asyncio.gather(*tasks)
+            await _unless_failed_elsewhere(store, asyncio.gather(addrs, *tasks), seen)
             # Ranks of one host agree on shared memory before the first operation (bounded).
             await transport.shm_settled()
             log.info(
@@ -435,6 +439,7 @@ async def _connect_mesh(
                 raise _missing_error(seen, world_size, deadline) from exc
             raise
         finally:
+            addrs.cancel()
             for t in tasks:
                 t.cancel()
         return transport
@@ -510,25 +515,47 @@ async def _agree_hosts(
         _host.note_ranks_on_machine(sum(m == me for m in machines))
 
 
+async def _lower_addresses(
+    store: Store, rank: int, deadline: _Deadline, seen: _Seen
+) -> dict[int, tuple[str, int]]:
+    """Where the ranks below ``rank`` listen (each publishes it before connecting to any)."""
+    if rank == 0:
+        return {}
+    keys = [f"addr/{peer}" for peer in range(rank)]
+    await _wait(store, keys, deadline, "not every lower rank published its address", seen)
+    found = {}
+    for peer, raw in enumerate(await store.multi_get(keys)):
+        host, _, port = raw.decode().rpartition(":")
+        found[peer] = (host, int(port))
+    return found
+
+
 async def _connect_lower(
-    store: Store, transport: TcpTransport, peer: int, deadline: _Deadline, seen: _Seen
+    addrs: asyncio.Future[dict[int, tuple[str, int]]], transport: TcpTransport, peer: int, deadline: _Deadline
 ) -> None:
-    await _wait(store, [f"addr/{peer}"], deadline, f"rank {peer} did not publish its address", seen)
-    host, _, port = (await store.get(f"addr/{peer}")).decode().rpartition(":")
-    await transport.connect(peer, host, int(port), max(deadline.left(), 0.001))
+    host, port = (await asyncio.shield(addrs))[peer]
+    await transport.connect(peer, host, port, max(deadline.left(), 0.001))
 
 
-async def _accept_higher(
-    store: Store, transport: TcpTransport, peer: int, deadline: _Deadline, seen: _Seen
-) -> None:
-    arrived = transport.expect(peer)
-    while not arrived.done():
-        await _check_error(store, seen)
-        try:
-            await asyncio.wait_for(asyncio.shield(arrived), min(_POLL * 4, max(deadline.left(), 0.001)))
-        except TimeoutError:
-            if deadline.left() <= 0:
-                raise DistTimeoutError(f"rank {peer} did not connect") from None
+async def _accept_higher(transport: TcpTransport, peer: int, deadline: _Deadline) -> None:
+    try:
+        await asyncio.wait_for(asyncio.shield(transport.expect(peer)), max(deadline.left(), 0.001))
+    except TimeoutError:
+        raise DistTimeoutError(f"rank {peer} did not connect") from None
+
+
+async def _unless_failed_elsewhere(store: Store, work: asyncio.Future[Any], seen: _Seen) -> None:
+    """Await ``work``; raise at once the error another rank reports in the store meanwhile
+    (checked every ``4 * _POLL`` seconds, which also keeps ``seen`` current for the reports)."""
+    try:
+        while True:
+            await _check_error(store, seen)
+            done, _ = await asyncio.wait([work], timeout=_POLL * 4)
+            if done:
+                await work
+                return
+    finally:
+        work.cancel()
 
 
 def _missing_error(seen: _Seen, world_size: int, deadline: _Deadline) -> DistTimeoutError:
