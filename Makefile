@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 BENCH_OUT := build/bench
 
-.PHONY: install demo test test-fast test-hosts test-gpu test-torch-suite bench lint typecheck clean
+.PHONY: install demo test test-fast test-hosts test-gpu test-torch-suite bench bench-init lint typecheck clean
 
 install: $(STAMP)
 
@@ -71,6 +71,12 @@ bench: $(BENCH_STAMP)
 		--json $(BENCH_OUT)/bench.json --markdown $(BENCH_OUT)/bench.md --plot $(BENCH_OUT)/algbw.png
 	$(PY) tools/bench_targets.py $(BENCH_OUT)/bench.json --markdown $(BENCH_OUT)/targets.md
 	$(PY) -m aiodist.parallel.bench_ddp --json $(BENCH_OUT)/ddp.json
+
+# How long 16, 32 and 64 ranks of this host take to join a job, aiodist beside gloo (minutes:
+# 64 processes import torch for gloo's runs).
+bench-init: install
+	mkdir -p $(BENCH_OUT)
+	$(PY) tools/bench_init.py -np 16,32,64 -r 2 --json $(BENCH_OUT)/init.json
 
 lint: install
 	$(PY) -m ruff check aiodist tests examples tools
