@@ -2,10 +2,10 @@
 
 A ``Job`` is the one composition root below the faces. It joins (claims a rank in a store and
 connects the peers), owns the connections, numbers the groups made on them, and leaves: one
-``close`` runs what its views registered (each aborts its groups and frees what they ran
-on), then closes the connections, then the store it owns. The faces are views of a job: the async face's ``World`` (also the
-sync face's, run on the loop thread), and torch's groups on the "aiodist" backend (a job of
-their own, or the sync face's, lent). One exit hook leaves every job still open on the sync
+``close`` runs what its views registered (each aborts its groups and frees what they ran on),
+then closes the connections, then the store it owns. The faces are views of a job: the async
+face's ``World`` (also the sync face's, run on the loop thread), and torch's groups on the
+"aiodist" backend (a job of their own, or the sync face's, lent). One exit hook leaves every job still open on the sync
 face's loop thread, newest first, saying how the program ended; a job on a program's own
 loop leaves as that loop ends (see ``face.world``).
 """

@@ -338,7 +338,7 @@ def format_summary(
     # Read from the root's own error: whichever of the two sides learned of the disagreement
     # first, and from whom, the other side's error may name a bystander that relayed it.
     sides = None if cause.remote else disagreement(root.error or "")
-    if sides is not None and root.rank in sides and sides[0] != sides[1]:
+    if sides is not None and root.rank in sides:
         other = sides[1] if sides[0] == root.rank else sides[0]
         lines.append(
             f"  note      : ranks {root.rank} and {other} disagree (one expected an operation the other did "

@@ -228,23 +228,23 @@ async def init_job(
     # The rendezvous told how many ranks share this machine's cores (other hosts of it too).
     _busy_poll.for_loop(loop).reconsider()
     label = engine or "tcp"
-    # (A CudaStager touches nothing of CUDA until a CUDA tensor is staged.)
-    staged = StagedBackend(NATIVE, CudaStager())
-    runs_on = _backend_for(engine, staged, job_store, 0, host, device)
-    group = ProcessGroup(
-        job.transport,
-        range(rdv.world_size),
-        0,
-        timeout=seconds,
-        backend=label,
-        name="default group",
-        runs_on=runs_on,
-        task_check=settings.task_check,
-    )
-    w = World(group, job, rdv.store, label, loop, [group], staged=staged)
-    w.engine, w.job_store, w.host, w.device = engine, job_store, host, device
-    job.on_close(w.close_groups)
-    try:
+    try:  # (whatever fails from here leaves nothing open: the job closes what it holds)
+        # (A CudaStager touches nothing of CUDA until a CUDA tensor is staged.)
+        staged = StagedBackend(NATIVE, CudaStager())
+        runs_on = _backend_for(engine, staged, job_store, 0, host, device)
+        group = ProcessGroup(
+            job.transport,
+            range(rdv.world_size),
+            0,
+            timeout=seconds,
+            backend=label,
+            name="default group",
+            runs_on=runs_on,
+            task_check=settings.task_check,
+        )
+        w = World(group, job, rdv.store, label, loop, [group], staged=staged)
+        w.engine, w.job_store, w.host, w.device = engine, job_store, host, device
+        job.on_close(w.close_groups)
         await _connect(group)
     except BaseException:
         await job.close("init_process_group failed")

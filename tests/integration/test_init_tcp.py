@@ -282,3 +282,23 @@ def test_a_rank_out_of_range_is_refused_at_once(tmp_path: Path) -> None:
     assert "rank 5 is out of range for world_size 3" in by_case["sync env:// RANK=5"]
     assert "or -1 to be assigned one" in by_case["async tcp:// rank -3"]
     assert "or -1" not in by_case["async env:// rank -2"]
+
+
+async def test_an_init_that_fails_after_joining_leaves_no_job_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aiodist.face import world as _world
+    from aiodist.job import open_jobs
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("no backend for you")
+
+    port = free_port()
+    monkeypatch.setattr(_world, "_backend_for", broken)
+    with pytest.raises(RuntimeError, match="no backend for you"):
+        await dist.init_process_group("tcp", f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=10)
+    assert open_jobs() == () and not dist.is_initialized()
+    monkeypatch.undo()
+    # The store it hosted is closed too: the address serves the next init at once.
+    await dist.init_process_group("tcp", f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=10)
+    assert len(open_jobs()) == 1
+    await dist.destroy_process_group()
+    assert open_jobs() == ()

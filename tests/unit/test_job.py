@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from aiodist.errors import DistStoreError
 from aiodist.job import Job, open_jobs
 from aiodist.store.memory import HashStore
 from aiodist.transport.memory import MemoryFabric
@@ -33,7 +34,7 @@ async def test_close_runs_the_views_newest_first_then_the_connections_then_the_s
         ("world", "the process group was destroyed", False),
     ]
     assert job.transport.closed and job.closed and job not in open_jobs()
-    with pytest.raises(Exception, match="closed"):
+    with pytest.raises(DistStoreError, match="closed"):
         await store.get("anything")
     await job.close("again")  # closing a closed job does nothing
     assert len(seen) == 2
