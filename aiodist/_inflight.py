@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from aiodist.collectives.steps import Stepper
 from aiodist.wire.fingerprint import Fingerprint
 from aiodist.wire.messages import Key
 
@@ -19,7 +20,7 @@ class InFlight:
 
     __slots__ = (
         "cleanup", "deadline", "error", "future", "is_task", "key", "limit", "name", "on_timeout",
-        "peer", "sent", "started", "survives_loss",
+        "peer", "sent", "started", "stepper", "survives_loss",
     )  # fmt: skip
 
     def __init__(self, name: str, key: Key) -> None:
@@ -31,6 +32,7 @@ class InFlight:
         self.error: BaseException | None = None
         self.is_task = False
         self.started = False  # a task's body has run its first step
+        self.stepper: Stepper | None = None  # a collective run as steps (``ProcessGroup.run_steps``)
         self.cleanup: Callable[[], object] | None = None
         self.survives_loss = False  # a diagnostic that reports lost members itself
         # What its deadline fails it with, for an operation its backend's own engine runs

@@ -32,6 +32,7 @@ from aiodist.backends.native import NATIVE
 from aiodist.collectives import select
 from aiodist.collectives.context import OpContext
 from aiodist.collectives.detail import check_fingerprints
+from aiodist.collectives.steps import Stepper, Steps
 from aiodist.errors import (
     CollectiveMismatchError,
     DistError,
@@ -446,6 +447,14 @@ class ProcessGroup:
             # else: cancelling a task that has not run yet would skip ``_body`` altogether (its
             # coroutine would be thrown CancelledError before its first line, the algorithm
             # never awaited, the Work cancelled); its first step raises ``op.error`` instead.
+        elif op.stepper is not None:  # (as a task's cancellation: take no more steps, abandon)
+            if op.stepper.over:
+                return  # its end is being concluded (``_steps_ended``), which decides its outcome
+            if op.error is None:
+                op.error = err
+            op.stepper.stop()
+            self._abandon(op, op.error)
+            fut.set_exception(op.error)
         else:
             fut.set_exception(err)
 
@@ -478,35 +487,74 @@ class ProcessGroup:
             raise op.error
         try:
             result = await coro
-            if op.key[1] == COLL:
-                late = self.transport.finish_collective(op.key)
-                if late is not None:
-                    # Data no step of this operation received: the sender ran another one.
-                    raise CollectiveMismatchError(
-                        f"{op.name} on rank {self.global_rank}: rank {late[0]} sent "
-                        f"{describe_fingerprint(late[1])}, which no step of it received: the ranks "
-                        "disagree about the operation (different roots, or different collectives)"
-                    )
+            if op.key[1] == COLL and (late := self._late_data(op)) is not None:
+                raise late
             return result
         except asyncio.CancelledError:
             if op.error is None:
                 raise
             self._abandon(op, op.error)
             raise op.error from None
-        except DistNetworkError as exc:
-            self._abandon(op, exc)
-            if exc is op.error:  # a member's notice about this operation: it names it already
-                if op.key[1] == COLL and self.broken is None:
-                    self.broken = exc
-                raise
-            # Say which operation the loss broke (the transport only knows the rank).
-            err = DistNetworkError(f"{op.name} on rank {self.global_rank} failed: {exc}")
-            if op.key[1] == COLL and self.broken is None:
-                self.broken = err
-            raise err from exc
         except BaseException as exc:
-            self._abandon(op, exc)
-            raise
+            err = self._raised(op, exc)
+            if err is exc:
+                raise
+            raise err from exc
+
+    def _raised(self, op: InFlight, exc: BaseException) -> BaseException:
+        """``op``'s algorithm raised ``exc``: abandon the operation; return what its Work raises."""
+        self._abandon(op, exc)
+        if not isinstance(exc, DistNetworkError):
+            return exc
+        if exc is op.error:  # a member's notice about this operation: it names it already
+            if op.key[1] == COLL and self.broken is None:
+                self.broken = exc
+            return exc
+        # Say which operation the loss broke (the transport only knows the rank).
+        err = DistNetworkError(f"{op.name} on rank {self.global_rank} failed: {exc}")
+        err.__cause__ = exc
+        if op.key[1] == COLL and self.broken is None:
+            self.broken = err
+        return err
+
+    def _late_data(self, op: InFlight) -> CollectiveMismatchError | None:
+        """After collective ``op``'s last step: data that no step of it received (its sender ran
+        another operation), as the error ``op`` raises."""
+        late = self.transport.finish_collective(op.key)
+        if late is None:
+            return None
+        return CollectiveMismatchError(
+            f"{op.name} on rank {self.global_rank}: rank {late[0]} sent "
+            f"{describe_fingerprint(late[1])}, which no step of it received: the ranks "
+            "disagree about the operation (different roots, or different collectives)"
+        )
+
+    def run_steps(self, ctx: OpContext, steps: Steps, timeout: float | None = None) -> Work:
+        """Run the numbered collective ``ctx`` as ``steps`` (``aiodist.collectives.steps``):
+        advanced by its arrivals, with no task; failures, timeouts and the check for late data
+        are a task's (``start``)."""
+        assert ctx.fp is not None
+        name = f"{ctx.fp[0]} #{ctx.fp[1]}"
+        op = InFlight(name, ctx.key)
+        fut: asyncio.Future[Any] = self.loop.create_future()
+        op.stepper = stepper = Stepper(steps, lambda exc: self._steps_ended(op, exc))
+        self._track(op, fut, timeout)
+        stepper.start()
+        return Work(fut, name)
+
+    def _steps_ended(self, op: InFlight, exc: BaseException | None) -> None:
+        fut = op.future
+        assert fut is not None
+        if fut.done():
+            return
+        if exc is None:
+            exc = self._late_data(op)
+            if exc is None:
+                fut.set_result(None)
+                return
+        err = self._raised(op, exc)
+        if not fut.done():
+            fut.set_exception(err)
 
     def _abandon(self, op: InFlight, exc: BaseException) -> None:
         """After a failure: drop the operation's stale data and, unless it merely timed out here,

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
 
     from aiodist.collectives.context import OpContext
+    from aiodist.collectives.steps import Steps
     from aiodist.wire.messages import Key
 
 __all__ = [
@@ -188,6 +189,10 @@ class BoundGroup(Protocol):
         survives_loss: bool = False,
     ) -> Work:
         """Run the algorithm ``coro`` of the numbered collective ``ctx`` (aiodist's algorithms)."""
+        ...
+
+    def run_steps(self, ctx: OpContext, steps: Steps, timeout: float | None = None) -> Work:
+        """Run the numbered collective ``ctx`` as ``steps``, advanced by its arrivals (no task)."""
         ...
 
     def track_own(

@@ -17,19 +17,22 @@ from typing import Any
 from aiodist import _tensors
 from aiodist.backends.base import Array, Binding, BoundGroup, Gate, Op, Role, TensorOps
 from aiodist.collectives import hostaware, select
-from aiodist.collectives.allgather import allgather
-from aiodist.collectives.allreduce import allreduce
+from aiodist.collectives.allgather import allgather, check_allgather
+from aiodist.collectives.allreduce import allreduce, recursive_doubling_steps
 from aiodist.collectives.alltoall import alltoall
-from aiodist.collectives.barrier import barrier
-from aiodist.collectives.broadcast import broadcast
+from aiodist.collectives.barrier import barrier, barrier_steps
+from aiodist.collectives.broadcast import broadcast, tree_broadcast_steps
 from aiodist.collectives.context import OpContext
+from aiodist.collectives.direct import direct_allgather_steps, direct_broadcast_steps
 from aiodist.collectives.gather import gather, scatter
-from aiodist.collectives.reduce import reduce
+from aiodist.collectives.hierarchical import note
+from aiodist.collectives.reduce import reduce, tree_reduce_steps
 from aiodist.collectives.reduce_scatter import reduce_scatter
+from aiodist.collectives.steps import Steps
 from aiodist.ops import ReduceOp
 from aiodist.work import Work
 
-__all__ = ["NATIVE", "NativeBackend", "algorithm"]
+__all__ = ["NATIVE", "NativeBackend", "algorithm", "stepped"]
 
 
 def _host_bytes(ctx: OpContext, op: Op) -> int:
@@ -89,6 +92,40 @@ def algorithm(ctx: OpContext, op: Op) -> Coroutine[Any, Any, None]:
             return alltoall(ctx, list(out), list(inp))
 
 
+def stepped(ctx: OpContext, op: Op) -> Steps | None:
+    """The steps of ``op`` where the algorithm ``algorithm`` would pick is written as steps (the
+    small and one-host forms: flat barrier, recursive doubling, binomial trees, direct broadcast
+    and all_gather): it then runs advanced by its arrivals, with no task (see
+    ``aiodist.collectives.steps``). None: ``algorithm`` runs it as a task."""
+    n = ctx.size
+    if n == 1:
+        return None
+    out, inp = op.outputs, op.inputs
+    nbytes = _host_bytes(ctx, op)
+    how = select.host_algorithm(op.kind, nbytes, ctx) if nbytes >= 0 else "flat"
+    match op.kind, how:
+        case "barrier", "flat":
+            return barrier_steps(ctx)
+        case "all_reduce", "flat" if select.allreduce_algorithm(nbytes, n) != "ring":
+            return recursive_doubling_steps(ctx, out[0], op.reduce_op or ReduceOp.SUM)
+        case "broadcast", "flat" if select.broadcast_algorithm(nbytes, n) == "tree":
+            return tree_broadcast_steps(ctx, out[0], op.root)
+        case "broadcast", "direct":
+            note(ctx, "broadcast", how)
+            return direct_broadcast_steps(ctx, out[0], op.root)
+        case "reduce", "flat" if select.reduce_algorithm(nbytes, n) == "tree":
+            return tree_reduce_steps(ctx, out[0], op.reduce_op or ReduceOp.SUM, op.root)
+        case "all_gather", "direct":
+            note(ctx, "all_gather", how)
+            return _direct_allgather_steps(ctx, list(out), inp[0])
+    return None
+
+
+def _direct_allgather_steps(ctx: OpContext, blocks: list[Array], inp: Array) -> Steps:
+    check_allgather(ctx, blocks, inp)  # (in the first step: a failure is the operation's, as in a task)
+    yield from direct_allgather_steps(ctx, blocks, inp)
+
+
 async def _gated(gate: Gate, coro: Coroutine[Any, Any, None]) -> None:
     try:
         await gate()
@@ -111,6 +148,8 @@ class _NativeBinding:
         pass
 
     def start(self, ctx: OpContext, op: Op, timeout: float | None, gate: Gate | None = None) -> Work:
+        if gate is None and (steps := stepped(ctx, op)) is not None:
+            return self.group.run_steps(ctx, steps, timeout)
         coro = algorithm(ctx, op)
         return self.group.track_collective(ctx, coro if gate is None else _gated(gate, coro), timeout)
 

@@ -11,6 +11,7 @@ import numpy.typing as npt
 
 from aiodist._tensors import byte_view
 from aiodist.collectives import select
+from aiodist.collectives.steps import Steps
 from aiodist.errors import DistValueError
 from aiodist.ops import ReduceOp, finalize_inplace, reduce_inplace
 
@@ -23,8 +24,10 @@ __all__ = [
     "copy_into",
     "diagonal_order",
     "finalize",
+    "finalize_step",
     "n_segments",
     "reduce_into",
+    "reduce_step",
     "same_memory",
     "wait_all",
 ]
@@ -91,6 +94,27 @@ async def reduce_into(op: ReduceOp, acc: Array, other: Array) -> None:
         await loop.run_in_executor(None, reduce_inplace, op, acc, other)
     else:
         reduce_inplace(op, acc, other)
+
+
+def reduce_step(op: ReduceOp, acc: Array, other: Array) -> Steps:
+    """``reduce_into`` as a step of a stepped algorithm (``aiodist.collectives.steps``): inline,
+    or a step waiting for the worker thread."""
+    if select.offload_reduction(acc.nbytes):
+        loop = asyncio.get_running_loop()
+        yield (loop.run_in_executor(None, reduce_inplace, op, acc, other),)
+    else:
+        reduce_inplace(op, acc, other)
+
+
+def finalize_step(op: ReduceOp, arr: Array, count: int) -> Steps:
+    """``finalize`` as a step of a stepped algorithm."""
+    if op is not ReduceOp.AVG or count == 1 or not arr.size:
+        return
+    if select.offload_reduction(arr.nbytes):
+        loop = asyncio.get_running_loop()
+        yield (loop.run_in_executor(None, finalize_inplace, op, arr, count),)
+    else:
+        finalize_inplace(op, arr, count)
 
 
 async def finalize(op: ReduceOp, arr: Array, count: int) -> None:

@@ -36,14 +36,17 @@ from aiodist.collectives._common import (
     bv,
     diagonal_order,
     finalize,
+    finalize_step,
     n_segments,
     reduce_into,
+    reduce_step,
     wait_all,
 )
 from aiodist.collectives.context import OpContext
+from aiodist.collectives.steps import Steps, drive
 from aiodist.ops import ReduceOp
 
-__all__ = ["allreduce", "recursive_doubling", "ring_allreduce"]
+__all__ = ["allreduce", "recursive_doubling", "recursive_doubling_steps", "ring_allreduce"]
 
 
 async def allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
@@ -57,6 +60,11 @@ async def allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
 
 
 async def recursive_doubling(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
+    await drive(recursive_doubling_steps(ctx, arr, op))
+
+
+def recursive_doubling_steps(ctx: OpContext, arr: Array, op: ReduceOp) -> Steps:
+    """Recursive doubling (see the module doc) as steps (``aiodist.collectives.steps``)."""
     n, r = ctx.size, ctx.rank
     p = 1 << (n.bit_length() - 1)
     extra = n - p
@@ -64,12 +72,12 @@ async def recursive_doubling(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
     tmp = np.empty_like(arr)
     if r < 2 * extra and r % 2 == 0:
         # Folded into r + 1 for the doubling rounds; gets the result back at the end.
-        await ctx.send(r + 1, bv(arr))
-        await ctx.recv(r + 1, bv(arr))
+        yield (ctx.send(r + 1, bv(arr)),)
+        yield (ctx.recv(r + 1, bv(arr)),)
         return
     if r < 2 * extra:
-        await ctx.recv(r - 1, bv(tmp))
-        await reduce_into(op, tmp, acc)  # lower rank's data first
+        yield (ctx.recv(r - 1, bv(tmp)),)
+        yield from reduce_step(op, tmp, acc)  # lower rank's data first
         acc, tmp = tmp, acc
         vr = r // 2
     else:
@@ -78,18 +86,19 @@ async def recursive_doubling(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
     while mask < p:
         vpeer = vr ^ mask
         peer = 2 * vpeer + 1 if vpeer < extra else vpeer + extra
-        await ctx.sendrecv(peer, bv(acc), peer, bv(tmp))
+        received = ctx.recv(peer, bv(tmp))
+        yield (ctx.send(peer, bv(acc)), received)
         if vpeer < vr:
-            await reduce_into(op, tmp, acc)
+            yield from reduce_step(op, tmp, acc)
             acc, tmp = tmp, acc
         else:
-            await reduce_into(op, acc, tmp)
+            yield from reduce_step(op, acc, tmp)
         mask <<= 1
-    await finalize(op, acc, n)
+    yield from finalize_step(op, acc, n)
     if acc is not arr:
         np.copyto(arr, acc)
     if r < 2 * extra:
-        await ctx.send(r - 1, bv(arr))
+        yield (ctx.send(r - 1, bv(arr)),)
 
 
 async def ring_allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:

@@ -9,15 +9,22 @@ have arrived. ceil(log2 n) rounds, n messages per round, no root to queue on.
 from __future__ import annotations
 
 from aiodist.collectives.context import OpContext
+from aiodist.collectives.steps import Steps, drive
 
-__all__ = ["barrier"]
+__all__ = ["barrier", "barrier_steps"]
 
 _EMPTY = memoryview(bytearray(0))
 
 
 async def barrier(ctx: OpContext) -> None:
+    await drive(barrier_steps(ctx))
+
+
+def barrier_steps(ctx: OpContext) -> Steps:
+    """The barrier as steps (``aiodist.collectives.steps``)."""
     n, r = ctx.size, ctx.rank
     dist = 1
     while dist < n:
-        await ctx.sendrecv((r + dist) % n, _EMPTY, (r - dist) % n, memoryview(bytearray(0)))
+        received = ctx.recv((r - dist) % n, memoryview(bytearray(0)))
+        yield (ctx.send((r + dist) % n, _EMPTY), received)
         dist *= 2

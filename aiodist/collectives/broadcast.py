@@ -17,6 +17,7 @@ from __future__ import annotations
 from aiodist.collectives import select
 from aiodist.collectives._common import Array, bounds, bv, n_segments, wait_all
 from aiodist.collectives.context import OpContext
+from aiodist.collectives.steps import Steps, drive
 
 __all__ = ["broadcast", "chain_broadcast", "tree_broadcast"]
 
@@ -32,13 +33,18 @@ async def broadcast(ctx: OpContext, arr: Array, root: int) -> None:
 
 
 async def tree_broadcast(ctx: OpContext, arr: Array, root: int) -> None:
+    await drive(tree_broadcast_steps(ctx, arr, root))
+
+
+def tree_broadcast_steps(ctx: OpContext, arr: Array, root: int) -> Steps:
+    """The binomial tree as steps (``aiodist.collectives.steps``)."""
     n = ctx.size
     v = (ctx.rank - root) % n
     buf = bv(arr)
     mask = 1
     while mask < n:
         if v & mask:
-            await ctx.recv((v - mask + root) % n, buf)
+            yield (ctx.recv((v - mask + root) % n, buf),)
             break
         mask <<= 1
     mask >>= 1
@@ -47,7 +53,7 @@ async def tree_broadcast(ctx: OpContext, arr: Array, root: int) -> None:
         if v + mask < n:
             sends.append(ctx.send((v + mask + root) % n, buf))
         mask >>= 1
-    await wait_all(sends)
+    yield tuple(sends)
 
 
 async def chain_broadcast(ctx: OpContext, arr: Array, root: int) -> None:

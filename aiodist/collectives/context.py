@@ -9,7 +9,7 @@ about the operation are caught when their data meets.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 
 from aiodist._tensors import byte_view
 from aiodist.collectives.topology import HostMap, host_map
@@ -43,7 +43,7 @@ class OpContext:
         # The group's ranks by host, equal on every rank (None: the transport knows no hosts).
         self.hosts: HostMap | None = host_map(transport.host_keys, ranks)
 
-    def send(self, peer: int, buf: memoryview) -> Awaitable[None]:
+    def send(self, peer: int, buf: memoryview) -> asyncio.Future[None]:
         """Queue ``buf`` for group rank ``peer`` now; await it before reusing ``buf``."""
         return self.transport.send(self.ranks[peer], self.key, buf, self.fp)
 

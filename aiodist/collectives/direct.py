@@ -44,28 +44,38 @@ from aiodist.collectives._common import (
     wait_all,
 )
 from aiodist.collectives.context import OpContext
+from aiodist.collectives.steps import Steps, drive
 from aiodist.ops import ReduceOp
 
 __all__ = ["direct_allgather", "direct_allreduce", "direct_broadcast", "direct_reduce_scatter"]
 
 
 async def direct_broadcast(ctx: OpContext, arr: Array, root: int) -> None:
+    await drive(direct_broadcast_steps(ctx, arr, root))
+
+
+def direct_broadcast_steps(ctx: OpContext, arr: Array, root: int) -> Steps:
+    """``direct_broadcast`` as steps (``aiodist.collectives.steps``)."""
     n, r = ctx.size, ctx.rank
     if r != root:
-        await ctx.recv(root, bv(arr))
+        yield (ctx.recv(root, bv(arr)),)
         return
-    await wait_all([ctx.send((root + k) % n, bv(arr)) for k in range(1, n)])
+    yield tuple(ctx.send((root + k) % n, bv(arr)) for k in range(1, n))
 
 
 async def direct_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
+    await drive(direct_allgather_steps(ctx, blocks, inp))
+
+
+def direct_allgather_steps(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> Steps:
+    """``direct_allgather`` as steps (``aiodist.collectives.steps``)."""
     n, r = ctx.size, ctx.rank
     check_size("all_gather output list length", len(blocks), n)
     check_size("all_gather own block", blocks[r].size, inp.size)
     recvs = [ctx.recv((r - k) % n, bv(blocks[(r - k) % n])) for k in range(1, n)]
     sends = [ctx.send((r + k) % n, bv(inp)) for k in range(1, n)]
     copy_into(blocks[r], inp)
-    await wait_all(recvs)
-    await wait_all(sends)
+    yield (*recvs, *sends)
 
 
 async def direct_reduce_scatter(ctx: OpContext, out: Array, blocks: Sequence[Array], op: ReduceOp) -> None:

@@ -30,11 +30,14 @@ from aiodist.collectives._common import (
     bounds,
     bv,
     finalize,
+    finalize_step,
     n_segments,
     reduce_into,
+    reduce_step,
     wait_all,
 )
 from aiodist.collectives.context import OpContext
+from aiodist.collectives.steps import Steps, drive
 from aiodist.ops import ReduceOp
 
 __all__ = ["chain_reduce", "reduce", "tree_reduce"]
@@ -53,6 +56,11 @@ async def reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> None:
 
 
 async def tree_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> None:
+    await drive(tree_reduce_steps(ctx, arr, op, root))
+
+
+def tree_reduce_steps(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> Steps:
+    """The binomial tree as steps (``aiodist.collectives.steps``)."""
     n = ctx.size
     v = (ctx.rank - root) % n
     acc = arr if v == 0 else arr.copy()
@@ -60,13 +68,13 @@ async def tree_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> No
     mask = 1
     while mask < n:
         if v & mask:
-            await ctx.send((v - mask + root) % n, bv(acc))
+            yield (ctx.send((v - mask + root) % n, bv(acc)),)
             return
         if v + mask < n:
-            await ctx.recv((v + mask + root) % n, bv(tmp))
-            await reduce_into(op, acc, tmp)
+            yield (ctx.recv((v + mask + root) % n, bv(tmp)),)
+            yield from reduce_step(op, acc, tmp)
         mask <<= 1
-    await finalize(op, acc, n)
+    yield from finalize_step(op, acc, n)
 
 
 async def chain_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> None:

@@ -23,7 +23,7 @@ import itertools
 import sys
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiodist.errors import CollectiveMismatchError, DistError, DistNetworkError, GroupOutOfStepError
@@ -555,7 +555,9 @@ class Transport(ABC):
 
     # -- the data path -----------------------------------------------------------------
     @abstractmethod
-    def send(self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None = None) -> Awaitable[None]:
+    def send(
+        self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None = None
+    ) -> asyncio.Future[None]:
         """Queue ``payload`` for ``dst`` now (call order is wire order); await for buffer reuse."""
 
     def recv(

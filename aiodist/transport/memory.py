@@ -8,7 +8,6 @@ at once, so it completes immediately, like an eager-protocol send.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 
 from aiodist.errors import DistNetworkError
 from aiodist.settings import Settings
@@ -50,7 +49,9 @@ class MemoryTransport(Transport):
         self._done: asyncio.Future[None] = loop.create_future()
         self._done.set_result(None)
 
-    def send(self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None = None) -> Awaitable[None]:
+    def send(
+        self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None = None
+    ) -> asyncio.Future[None]:
         if self.closed:
             raise DistNetworkError(f"rank {self.rank}: transport is closed")
         self.check_peer(dst)

@@ -42,7 +42,6 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import Awaitable
 from typing import Any, cast
 
 from aiodist.errors import DistError, DistNetworkError, DistTimeoutError
@@ -292,7 +291,7 @@ class _PeerProtocol(asyncio.BufferedProtocol):
     # -- sending ----------------------------------------------------------------------
     def write_message(
         self, header: bytes, payload: memoryview = _EMPTY, key: Key | None = None
-    ) -> Awaitable[None]:
+    ) -> asyncio.Future[None]:
         """Send one frame (``header``, then ``payload`` for a data message, whose ``key`` is
         given); completes once the socket has it all. Messages keep their order."""
         if self._queue or self._paused:  # behind what the socket has not taken yet
@@ -301,13 +300,13 @@ class _PeerProtocol(asyncio.BufferedProtocol):
             return out.future
         return self._hand_over(header, payload, key, None)
 
-    def write_data(self, key: Key, fp: Fingerprint | None, payload: memoryview) -> Awaitable[None]:
+    def write_data(self, key: Key, fp: Fingerprint | None, payload: memoryview) -> asyncio.Future[None]:
         pending = payload.nbytes > _SMALL_PAYLOAD  # (handed over by reference: see _hand_over)
         return self.write_message(encode_data(key, fp, payload.nbytes, pending), payload, key)
 
     def _hand_over(
         self, header: bytes, payload: memoryview, key: Key | None, fut: asyncio.Future[None] | None
-    ) -> Awaitable[None]:
+    ) -> asyncio.Future[None]:
         transport = self.transport
         assert transport is not None
         n = payload.nbytes
@@ -725,7 +724,9 @@ class TcpTransport(Transport):
             fut.set_result(None)
 
     # -- data path ----------------------------------------------------------------------
-    def send(self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None = None) -> Awaitable[None]:
+    def send(
+        self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None = None
+    ) -> asyncio.Future[None]:
         proto = self._peers.get(dst)
         if proto is None:
             self.check_peer(dst)

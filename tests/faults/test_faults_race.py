@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import aiodist as dist
+from aiodist.collectives import select
 from aiodist.testing import memory_world, spawn
 from aiodist.transport.base import COLL
 
@@ -51,7 +52,10 @@ async def test_abort_before_the_first_step_raises_dist_error() -> None:
     g = groups[0]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        works = [dist.all_reduce(np.ones(4, np.float32), group=g), dist.broadcast(np.ones(2), 0, group=g)]
+        # A large all_reduce runs as a task, aborted before its first step; a small broadcast
+        # runs as steps, its first taken in the call, and waits for the root's data.
+        big = np.ones(select.ALLREDUCE_RING_BYTES // 4, np.float32)
+        works = [dist.all_reduce(big, group=g), dist.broadcast(np.ones(2), 1, group=g)]
         g.abort("the process group was destroyed")
         for work, name in zip(works, ("all_reduce #0", "broadcast #1"), strict=True):
             with pytest.raises(dist.DistError) as info:

@@ -193,10 +193,10 @@ async def async_suite(
     objs: list[Any] = [None] * n
     await dist.all_gather_object(objs, {"rank": r})
     res["objects"] = objs
-    # Work: completes later, awaitable twice, with the operation's result
+    # Work: awaitable twice, with the operation's result. (It may have completed in the call: a
+    # small collective whose peers' data is here already runs to its end at once.)
     t = mk(np.ones(3, np.float32))
     work = dist.all_reduce(t)
-    res["work_pending_at_start"] = not work.is_completed()
     res["work_results"] = (await work, await work, work.is_completed(), work.is_success(), work.exception())
     await dist.barrier()
     res["shm_bytes"] = shm_bytes()
@@ -244,7 +244,6 @@ def check_async_suite(res: list[dict[str, Any]], n: int, kinds: tuple[str, ...])
         assert "not a member" in out["non_member"]
         assert "is not a member" in out["bad_src"]
         assert out["objects"] == [{"rank": i} for i in range(n)]
-        assert out["work_pending_at_start"]
         assert out["work_results"] == (None, None, True, True, None)
 
 

@@ -1,0 +1,105 @@
+"""Collectives written as steps: a generator yields the transport futures of each step, and the
+next step runs when they have all completed.
+
+Why: a collective run as a task costs a ``Task`` (its context, its name, one loop turn before
+its first line) and a chain of coroutines per operation, several times what a small message
+costs on the wire. Written as a generator, the same algorithm is advanced by the arrivals
+themselves (``Stepper``): the callback of the step's last future runs the next step, with no
+task and no coroutine in between. The algorithms stay readable top to bottom, and ``drive``
+awaits the same steps from a coroutine where an algorithm is one phase of a larger one.
+
+A step yields a tuple of futures (a send's completion, a receive's, a reduction's in a worker
+thread); the step's failure is the first failure among them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Generator
+from typing import Any
+
+__all__ = ["Steps", "Stepper", "drive"]
+
+#: An algorithm's steps: each item, the futures the next step waits for.
+Steps = Generator[tuple["asyncio.Future[Any]", ...], None, None]
+
+
+async def drive(steps: Steps) -> None:
+    """Run ``steps`` from a coroutine: await each step's futures in order."""
+    for waits in steps:
+        for w in waits:
+            await w
+
+
+def _failure(fut: asyncio.Future[Any]) -> BaseException | None:
+    if fut.cancelled():
+        return asyncio.CancelledError()
+    return fut.exception()  # (marks it retrieved: a failure after the end is not logged as lost)
+
+
+class Stepper:
+    """Runs ``steps`` as the arrivals allow, then calls ``ended(None)``, or ``ended(exc)`` with the
+    first failure (of a step's future, or raised by a step). ``stop()``: the operation failed
+    elsewhere (its timeout, a member's notice); no step runs after it and ``ended`` is not called.
+    """
+
+    __slots__ = ("_ended", "_left", "_over", "_steps")
+
+    def __init__(self, steps: Steps, ended: Callable[[BaseException | None], None]) -> None:
+        self._steps = steps
+        self._ended = ended
+        self._left = 0  # futures of the current step still pending
+        self._over = False
+
+    def start(self) -> None:
+        self._advance()
+
+    @property
+    def over(self) -> bool:
+        """It has ended (or been stopped): no step runs any more."""
+        return self._over
+
+    def stop(self) -> None:
+        if not self._over:
+            self._over = True
+            self._steps.close()
+
+    def _advance(self) -> None:
+        while True:
+            try:
+                waits = next(self._steps)
+            except StopIteration:
+                self._end(None)
+                return
+            except BaseException as raised:  # (a step raised: the operation's error)
+                self._end(raised)
+                return
+            left = 0
+            for w in waits:
+                if not w.done():
+                    left += 1
+                    w.add_done_callback(self._arrived)
+                elif (failed := _failure(w)) is not None:
+                    self._end(failed)
+                    return
+            if left:
+                self._left = left
+                return
+
+    def _arrived(self, fut: asyncio.Future[Any]) -> None:
+        exc = _failure(fut)
+        if self._over:
+            return
+        if exc is not None:
+            self._end(exc)
+            return
+        self._left -= 1
+        if not self._left:
+            self._advance()
+
+    def _end(self, exc: BaseException | None) -> None:
+        if self._over:
+            return
+        self._over = True
+        self._steps.close()
+        self._ended(exc)
