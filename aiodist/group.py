@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from aiodist import _tensors
@@ -657,48 +657,65 @@ class ProcessGroup:
         """Send ``tensor`` to global rank ``dst``. Completes when ``tensor`` may be reused."""
         peer, tag = self.p2p_args("send", dst, tag)
         assert peer is not None
-        b = self.runs_on.bind(self, "send")
+        runs_on = self.runs_on
+        if runs_on.own_ops is None and runs_on.direct(tensor):
+            # The common case: the tensor's own memory on the transport, no binding to hold.
+            return self._send(_tensors.as_array(tensor, arg="tensor", writable=False), peer, tag, timeout)
+        b = runs_on.bind(self, "send")
         try:
             arr = b.tensor(tensor, arg="tensor", role=IN, writable=False)
             b.ready_now()  # a staged input is in host memory before its bytes are queued
         except BaseException:
             b.drop()
             raise
-        name = f"send to rank {peer} (tag {tag})"
-        own = self.runs_on.own_ops
+        own = runs_on.own_ops
         if own is not None:  # carried by the backend's engine, not the transport
-            return b.complete(own.send(name, arr, peer, tag, timeout))
+            return b.complete(own.send(f"send to rank {peer} (tag {tag})", arr, peer, tag, timeout))
+        return b.complete(self._send(arr, peer, tag, timeout))
+
+    def _send(self, arr: Any, peer: int, tag: int, timeout: float | None) -> Work:
+        name = f"send to rank {peer} (tag {tag})"
         key = (self.gid, P2P, tag)
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
         try:
             sent = self.transport.send(peer, key, byte_view(arr), fp)
         except DistError as exc:
-            return b.complete(Work.failed(self.loop, name, exc))
-        if isinstance(sent, asyncio.Future):
-            # Pending: a refusal of its message by the receiver fails it, and a failure (its
-            # timeout, destroy) takes its message back (``_fail``), so that a program that
-            # sends again does not have it delivered twice (or an older buffer's contents).
-            return b.complete(self._watch(name, key, sent, timeout, peer=peer, sent=(peer, fp)))
-        return b.complete(self.start(name, key, _await(sent), timeout))
+            return Work.failed(self.loop, name, exc)
+        # Pending: a refusal of its message by the receiver fails it, and a failure (its
+        # timeout, destroy) takes its message back (``_fail``), so that a program that sends
+        # again does not have it delivered twice (or an older buffer's contents).
+        return self._watch(name, key, sent, timeout, peer=peer, sent=(peer, fp))
 
     def recv(self, tensor: Any, src: int | None = None, tag: int = 0, timeout: float | None = None) -> Work:
         """Receive into ``tensor`` from global rank ``src`` (None: any member). Result: the sender."""
         src, tag = self.p2p_args("recv", src, tag)
-        b = self.runs_on.bind(self, "recv")
+        runs_on = self.runs_on
+        if runs_on.own_ops is None and runs_on.direct(tensor):
+            # The common case: the tensor's own memory on the transport, no binding to hold.
+            return self._recv(_tensors.as_array(tensor, arg="tensor", writable=True), src, tag, timeout)
+        b = runs_on.bind(self, "recv")
         try:
             arr = b.tensor(tensor, arg="tensor", role=OUT, writable=True)
         except BaseException:
             b.drop()
             raise
-        name = f"recv from {'any rank' if src is None else f'rank {src}'} (tag {tag})"
-        own = self.runs_on.own_ops
+        own = runs_on.own_ops
         if own is not None:  # carried by the backend's engine, not the transport
-            return b.complete(own.recv(name, arr, src, tag, timeout))
+            return b.complete(own.recv(self._recv_name(src, tag), arr, src, tag, timeout))
+        return b.complete(self._recv(arr, src, tag, timeout))
+
+    @staticmethod
+    def _recv_name(src: int | None, tag: int) -> str:
+        return f"recv from {'any rank' if src is None else f'rank {src}'} (tag {tag})"
+
+    def _recv(self, arr: Any, src: int | None, tag: int, timeout: float | None) -> Work:
         key = (self.gid, P2P, tag)
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
         fut = self.transport.recv(src, key, byte_view(arr), fp)
-        work = self._watch(name, key, fut, timeout, cleanup=lambda: self.transport.cancel_recv(fut), peer=src)
-        return b.complete(work)
+        transport = self.transport
+        return self._watch(
+            self._recv_name(src, tag), key, fut, timeout, cleanup=lambda: transport.cancel_recv(fut), peer=src
+        )
 
     def batch_isend_irecv(self, p2p_op_list: Sequence[Any]) -> list[Work] | None:
         """A backend whose engine carries point-to-point operations may start the list itself
@@ -992,7 +1009,3 @@ _BARRIER = _args.Checked(Op("barrier"), "", 0)
 
 def _barrier(g: ProcessGroup, b: Binding) -> _args.Checked:
     return _BARRIER
-
-
-async def _await(aw: Awaitable[Any]) -> Any:
-    return await aw

@@ -11,13 +11,13 @@ leaders across hosts) where ``select.host_algorithm`` calls for them, the flat d
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiodist import _tensors
 from aiodist.backends.base import Array, Binding, BoundGroup, Gate, Op, Role, TensorOps
 from aiodist.collectives import hostaware, select
-from aiodist.collectives.allgather import allgather, check_allgather
+from aiodist.collectives.allgather import allgather, bruck_allgather_steps, check_allgather
 from aiodist.collectives.allreduce import allreduce, recursive_doubling_steps
 from aiodist.collectives.alltoall import alltoall
 from aiodist.collectives.barrier import barrier, barrier_steps
@@ -117,13 +117,22 @@ def stepped(ctx: OpContext, op: Op) -> Steps | None:
             return tree_reduce_steps(ctx, out[0], op.reduce_op or ReduceOp.SUM, op.root)
         case "all_gather", "direct":
             note(ctx, "all_gather", how)
-            return _direct_allgather_steps(ctx, list(out), inp[0])
+            return _allgather_steps(ctx, list(out), inp[0], direct_allgather_steps)
+        case "all_gather", "flat" if all(b.size == inp[0].size for b in out) and (
+            select.allgather_algorithm(int(inp[0].nbytes), n) == "bruck"
+        ):
+            return _allgather_steps(ctx, list(out), inp[0], bruck_allgather_steps)
     return None
 
 
-def _direct_allgather_steps(ctx: OpContext, blocks: list[Array], inp: Array) -> Steps:
+def _allgather_steps(
+    ctx: OpContext,
+    blocks: list[Array],
+    inp: Array,
+    steps: Callable[[OpContext, list[Array], Array], Steps],
+) -> Steps:
     check_allgather(ctx, blocks, inp)  # (in the first step: a failure is the operation's, as in a task)
-    yield from direct_allgather_steps(ctx, blocks, inp)
+    yield from steps(ctx, blocks, inp)
 
 
 async def _gated(gate: Gate, coro: Coroutine[Any, Any, None]) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 from aiodist.collectives import select
 from aiodist.collectives._common import Array, bounds, bv, check_size, copy_into, n_segments, wait_all
 from aiodist.collectives.context import OpContext
+from aiodist.collectives.steps import Steps, drive
 
 __all__ = ["allgather", "bruck_allgather", "check_allgather", "ring_allgather"]
 
@@ -50,15 +51,19 @@ def check_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None
 
 
 async def bruck_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
+    await drive(bruck_allgather_steps(ctx, blocks, inp))
+
+
+def bruck_allgather_steps(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> Steps:
+    """Bruck's all_gather as steps (``aiodist.collectives.steps``)."""
     n, r, b = ctx.size, ctx.rank, inp.size
     tmp = np.empty(n * b, dtype=inp.dtype)
     tmp[:b] = inp
     have = 1
     while have < n:
         m = min(have, n - have)
-        await ctx.sendrecv(
-            (r - have) % n, bv(tmp[: m * b]), (r + have) % n, bv(tmp[have * b : (have + m) * b])
-        )
+        received = ctx.recv((r + have) % n, bv(tmp[have * b : (have + m) * b]))
+        yield (ctx.send((r - have) % n, bv(tmp[: m * b])), received)
         have += m
     for i in range(n):
         copy_into(blocks[(r + i) % n], tmp[i * b : (i + 1) * b])

@@ -130,8 +130,8 @@ def _is_task(work: dist.Work) -> bool:
 @pytest.mark.parametrize("layout", ["flat", "one-host"])
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
 async def test_small_collectives_run_as_steps_and_large_ones_as_tasks(n: int, layout: str) -> None:
-    """Flat: barrier, recursive doubling, the binomial trees; one host sharing memory: the
-    direct broadcast and all_gather. The large forms (rings, chains) run as tasks."""
+    """Flat: barrier, recursive doubling, the binomial trees, Bruck's all_gather; one host sharing
+    memory: the direct broadcast and all_gather. The large forms (rings, chains) run as tasks."""
 
     async def body(g: ProcessGroup) -> dict[str, Any]:
         r = g.rank
@@ -161,7 +161,7 @@ async def test_small_collectives_run_as_steps_and_large_ones_as_tasks(n: int, la
 
     one_host = layout == "one-host"
     results = await run_memory_world(n, body, hosts=["h"] * n if one_host else None, shared_memory=one_host)
-    stepped = {"all_reduce", "barrier", "broadcast", "reduce"} | ({"all_gather"} if one_host else set())
+    stepped = {"all_reduce", "barrier", "broadcast", "reduce", "all_gather"}
     for r, res in enumerate(results):
         assert {name for name, task in res["tasks"].items() if not task} == stepped, (r, res["tasks"])
         assert res["all_reduce"] == [n * (n + 1) // 2] * 5
