@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 BENCH_OUT := build/bench
 
-.PHONY: install demo test test-fast test-hosts test-gpu test-torch-suite bench bench-init lint typecheck clean
+.PHONY: install demo test test-fast test-hosts test-gpu test-torch-suite bench bench-init bench-calls lint typecheck clean
 
 install: $(STAMP)
 
@@ -77,6 +77,11 @@ bench: $(BENCH_STAMP)
 bench-init: install
 	mkdir -p $(BENCH_OUT)
 	$(PY) tools/bench_init.py -np 16,32,64 -r 2 --json $(BENCH_OUT)/init.json
+
+# Function calls per small operation and rank (deterministic, unlike timings on a shared machine).
+bench-calls: install
+	mkdir -p $(BENCH_OUT)
+	$(PY) tools/bench_calls.py --json $(BENCH_OUT)/calls.json
 
 lint: install
 	$(PY) -m ruff check aiodist tests examples tools

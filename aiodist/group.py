@@ -16,6 +16,7 @@ disagree about which collectives ran mark the group out of step until ``resync``
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 from collections.abc import Callable, Coroutine, Sequence
@@ -537,7 +538,7 @@ class ProcessGroup:
         name = f"{ctx.fp[0]} #{ctx.fp[1]}"
         op = InFlight(name, ctx.key)
         fut: asyncio.Future[Any] = self.loop.create_future()
-        op.stepper = stepper = Stepper(steps, lambda exc: self._steps_ended(op, exc))
+        op.stepper = stepper = Stepper(steps, functools.partial(self._steps_ended, op))
         self._track(op, fut, timeout)
         stepper.start()
         return Work(fut, name)
@@ -632,6 +633,17 @@ class ProcessGroup:
 
     def p2p_args(self, what: str, peer: Any, tag: Any) -> tuple[int | None, int]:
         """The checked peer (a global rank) and tag of a send (``what="send"``) or a receive."""
+        if (  # (every message passes here: the common case in one test, the rest below)
+            type(peer) is int
+            and type(tag) is int
+            and self.broken is None
+            and self.rank >= 0
+            and peer != self.global_rank
+            and peer in self._group_rank
+            and _MIN_TAG <= tag <= _MAX_TAG
+            and not self._refused
+        ):
+            return peer, tag
         self.check_usable(what)
         if peer is not None:
             peer = self._peer(peer, "dst" if what == "send" else "src", what)

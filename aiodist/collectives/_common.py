@@ -11,7 +11,6 @@ import numpy.typing as npt
 
 from aiodist._tensors import byte_view
 from aiodist.collectives import select
-from aiodist.collectives.steps import Steps
 from aiodist.errors import DistValueError
 from aiodist.ops import ReduceOp, finalize_inplace, reduce_inplace
 
@@ -24,10 +23,10 @@ __all__ = [
     "copy_into",
     "diagonal_order",
     "finalize",
-    "finalize_step",
+    "finalize_soon",
     "n_segments",
     "reduce_into",
-    "reduce_step",
+    "reduce_soon",
     "same_memory",
     "wait_all",
 ]
@@ -96,25 +95,23 @@ async def reduce_into(op: ReduceOp, acc: Array, other: Array) -> None:
         reduce_inplace(op, acc, other)
 
 
-def reduce_step(op: ReduceOp, acc: Array, other: Array) -> Steps:
-    """``reduce_into`` as a step of a stepped algorithm (``aiodist.collectives.steps``): inline,
-    or a step waiting for the worker thread."""
+def reduce_soon(op: ReduceOp, acc: Array, other: Array) -> asyncio.Future[None] | None:
+    """``reduce_into`` for a stepped algorithm (``aiodist.collectives.steps``): done inline
+    (None), or the future of the worker thread's reduction, for the next step to wait for."""
     if select.offload_reduction(acc.nbytes):
-        loop = asyncio.get_running_loop()
-        yield (loop.run_in_executor(None, reduce_inplace, op, acc, other),)
-    else:
-        reduce_inplace(op, acc, other)
+        return asyncio.get_running_loop().run_in_executor(None, reduce_inplace, op, acc, other)
+    reduce_inplace(op, acc, other)
+    return None
 
 
-def finalize_step(op: ReduceOp, arr: Array, count: int) -> Steps:
-    """``finalize`` as a step of a stepped algorithm."""
+def finalize_soon(op: ReduceOp, arr: Array, count: int) -> asyncio.Future[None] | None:
+    """``finalize`` for a stepped algorithm, as ``reduce_soon``."""
     if op is not ReduceOp.AVG or count == 1 or not arr.size:
-        return
+        return None
     if select.offload_reduction(arr.nbytes):
-        loop = asyncio.get_running_loop()
-        yield (loop.run_in_executor(None, finalize_inplace, op, arr, count),)
-    else:
-        finalize_inplace(op, arr, count)
+        return asyncio.get_running_loop().run_in_executor(None, finalize_inplace, op, arr, count)
+    finalize_inplace(op, arr, count)
+    return None
 
 
 async def finalize(op: ReduceOp, arr: Array, count: int) -> None:

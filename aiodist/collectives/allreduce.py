@@ -36,10 +36,10 @@ from aiodist.collectives._common import (
     bv,
     diagonal_order,
     finalize,
-    finalize_step,
+    finalize_soon,
     n_segments,
     reduce_into,
-    reduce_step,
+    reduce_soon,
     wait_all,
 )
 from aiodist.collectives.context import OpContext
@@ -77,7 +77,8 @@ def recursive_doubling_steps(ctx: OpContext, arr: Array, op: ReduceOp) -> Steps:
         return
     if r < 2 * extra:
         yield (ctx.recv(r - 1, bv(tmp)),)
-        yield from reduce_step(op, tmp, acc)  # lower rank's data first
+        if (w := reduce_soon(op, tmp, acc)) is not None:  # lower rank's data first
+            yield (w,)
         acc, tmp = tmp, acc
         vr = r // 2
     else:
@@ -89,12 +90,15 @@ def recursive_doubling_steps(ctx: OpContext, arr: Array, op: ReduceOp) -> Steps:
         received = ctx.recv(peer, bv(tmp))
         yield (ctx.send(peer, bv(acc)), received)
         if vpeer < vr:
-            yield from reduce_step(op, tmp, acc)
+            w = reduce_soon(op, tmp, acc)
             acc, tmp = tmp, acc
         else:
-            yield from reduce_step(op, acc, tmp)
+            w = reduce_soon(op, acc, tmp)
+        if w is not None:
+            yield (w,)
         mask <<= 1
-    yield from finalize_step(op, acc, n)
+    if (w := finalize_soon(op, acc, n)) is not None:
+        yield (w,)
     if acc is not arr:
         np.copyto(arr, acc)
     if r < 2 * extra:

@@ -30,10 +30,10 @@ from aiodist.collectives._common import (
     bounds,
     bv,
     finalize,
-    finalize_step,
+    finalize_soon,
     n_segments,
     reduce_into,
-    reduce_step,
+    reduce_soon,
     wait_all,
 )
 from aiodist.collectives.context import OpContext
@@ -72,9 +72,11 @@ def tree_reduce_steps(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> St
             return
         if v + mask < n:
             yield (ctx.recv((v + mask + root) % n, bv(tmp)),)
-            yield from reduce_step(op, acc, tmp)
+            if (w := reduce_soon(op, acc, tmp)) is not None:
+                yield (w,)
         mask <<= 1
-    yield from finalize_step(op, acc, n)
+    if (w := finalize_soon(op, acc, n)) is not None:
+        yield (w,)
 
 
 async def chain_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> None:

@@ -31,12 +31,6 @@ async def drive(steps: Steps) -> None:
             await w
 
 
-def _failure(fut: asyncio.Future[Any]) -> BaseException | None:
-    if fut.cancelled():
-        return asyncio.CancelledError()
-    return fut.exception()  # (marks it retrieved: a failure after the end is not logged as lost)
-
-
 class Stepper:
     """Runs ``steps`` as the arrivals allow, then calls ``ended(None)``, or ``ended(exc)`` with the
     first failure (of a step's future, or raised by a step). ``stop()``: the operation failed
@@ -51,9 +45,6 @@ class Stepper:
         self._left = 0  # futures of the current step still pending
         self._over = False
 
-    def start(self) -> None:
-        self._advance()
-
     @property
     def over(self) -> bool:
         """It has ended (or been stopped): no step runs any more."""
@@ -63,6 +54,10 @@ class Stepper:
         if not self._over:
             self._over = True
             self._steps.close()
+
+    def start(self) -> None:
+        """Take the steps that can be taken now (the rest follow their futures)."""
+        self._advance()
 
     def _advance(self) -> None:
         while True:
@@ -79,7 +74,10 @@ class Stepper:
                 if not w.done():
                     left += 1
                     w.add_done_callback(self._arrived)
-                elif (failed := _failure(w)) is not None:
+                elif w.cancelled():
+                    self._end(asyncio.CancelledError())
+                    return
+                elif (failed := w.exception()) is not None:
                     self._end(failed)
                     return
             if left:
@@ -87,7 +85,8 @@ class Stepper:
                 return
 
     def _arrived(self, fut: asyncio.Future[Any]) -> None:
-        exc = _failure(fut)
+        # (exception() marks a failure retrieved: one after the end is not logged as lost)
+        exc = asyncio.CancelledError() if fut.cancelled() else fut.exception()
         if self._over:
             return
         if exc is not None:
