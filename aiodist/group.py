@@ -723,8 +723,8 @@ class ProcessGroup:
     def _recv(self, arr: Any, src: int | None, tag: int, timeout: float | None) -> Work:
         key = (self.gid, P2P, tag)
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
-        fut = self.transport.recv(src, key, byte_view(arr), fp)
         transport = self.transport
+        fut = transport.recv(src, key, byte_view(arr), fp)
         return self._watch(
             self._recv_name(src, tag), key, fut, timeout, cleanup=lambda: transport.cancel_recv(fut), peer=src
         )

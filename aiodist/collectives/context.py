@@ -51,13 +51,6 @@ class OpContext:
         """Post a receive of exactly ``buf.nbytes`` bytes from group rank ``peer`` into ``buf``."""
         return self.transport.recv(self.ranks[peer], self.key, buf, self.fp)
 
-    async def sendrecv(self, dst: int, sbuf: memoryview, src: int, rbuf: memoryview) -> None:
-        """Send to ``dst`` and receive from ``src`` at once; return when both are done."""
-        r = self.recv(src, rbuf)
-        s = self.send(dst, sbuf)
-        await s
-        await r
-
     # -- host facts (aiodist.collectives.hostaware) ----------------------------------------
     def shares_memory(self) -> bool:
         """Every member reaches every other member of its host through shared memory (from the

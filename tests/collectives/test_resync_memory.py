@@ -4,28 +4,15 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
+from support.worlds import open_world
 
 import aiodist as dist
 from aiodist.group import ProcessGroup
-from aiodist.testing import memory_world
-from aiodist.transport.memory import MemoryFabric
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@contextlib.asynccontextmanager
-async def _world(size: int, timeout: float) -> AsyncIterator[tuple[MemoryFabric, list[ProcessGroup]]]:
-    fabric, gs = memory_world(size, timeout=timeout)
-    try:
-        yield fabric, gs
-    finally:
-        for t in fabric.transports:
-            t.abort()
 
 
 async def _exact_all_reduce(gs: list[ProcessGroup]) -> None:
@@ -37,7 +24,7 @@ async def _exact_all_reduce(gs: list[ProcessGroup]) -> None:
 
 
 async def test_a_rank_that_completed_what_the_root_abandoned_is_stopped_and_resync_reports_it() -> None:
-    async with _world(3, 0.3) as (_fabric, gs):
+    async with open_world(3, 0.3) as (_fabric, gs):
         # gather #0 to rank 0: rank 1 sends its part and is done; rank 2 never comes.
         root = dist.gather(np.zeros(2, np.int64), [np.zeros(2, np.int64) for _ in range(3)], 0, group=gs[0])
         await dist.gather(np.ones(2, np.int64), dst=0, group=gs[1])  # completes on rank 1
@@ -62,7 +49,7 @@ async def test_a_rank_that_completed_what_the_root_abandoned_is_stopped_and_resy
 
 
 async def test_a_slow_rank_that_entered_gives_up_with_the_others_and_the_group_stays_in_step() -> None:
-    async with _world(3, 0.3) as (fabric, gs):
+    async with open_world(3, 0.3) as (fabric, gs):
         # everybody enters all_reduce #0, rank 2 with no timeout of its own: the others' limit
         # is what ends it, on rank 2 too, and the group goes on in step.
         mailbox = fabric.transports[2].mailbox
@@ -83,7 +70,7 @@ async def test_a_slow_rank_that_entered_gives_up_with_the_others_and_the_group_s
 
 
 async def test_resync_alone_times_out_and_can_be_called_again() -> None:
-    async with _world(2, 5) as (_fabric, gs):
+    async with open_world(2, 5) as (_fabric, gs):
         with pytest.raises(dist.DistTimeoutError, match=r"resync #1 on rank 0 .* rank 1 did not call resync"):
             await dist.resync(gs[0], timeout=0.2)
         # rank 1 was told: its collectives refuse until it resyncs too
@@ -94,7 +81,7 @@ async def test_resync_alone_times_out_and_can_be_called_again() -> None:
 
 
 async def test_resync_refuses_a_group_that_lost_a_member() -> None:
-    async with _world(2, 5) as (fabric, gs):
+    async with open_world(2, 5) as (fabric, gs):
         fabric.kill(1)
         with pytest.raises(dist.DistNetworkError, match="destroy the process group and init again"):
             await dist.resync(gs[0])
@@ -103,7 +90,7 @@ async def test_resync_refuses_a_group_that_lost_a_member() -> None:
 async def test_a_resync_proposal_that_overtakes_the_group_waits_for_it() -> None:
     """A member's proposal for a group this rank has not created yet is handed to the group when
     it is created (in arrival order), not dropped: resync right after new_group completes."""
-    async with _world(2, 5.0) as (fabric, _gs):
+    async with open_world(2, 5.0) as (fabric, _gs):
         t0, t1 = fabric.transports
         early = ProcessGroup(t0, [0, 1], 7, timeout=5.0)
         proposal = early.resync()  # rank 1 has no group 7 yet
@@ -115,7 +102,7 @@ async def test_a_resync_proposal_that_overtakes_the_group_waits_for_it() -> None
 
 
 async def test_control_of_a_destroyed_group_is_dropped_and_early_control_is_bounded() -> None:
-    async with _world(2, 5.0) as (fabric, _gs):
+    async with open_world(2, 5.0) as (fabric, _gs):
         t1 = fabric.transports[1]
         seen: list[object] = []
         g = ProcessGroup(t1, [0, 1], 9, timeout=5.0)
@@ -139,7 +126,7 @@ async def test_a_late_message_stops_the_group_until_resync_and_says_so() -> None
     """Both ranks believe they are the broadcast's root: each completes, then receives the
     other's data late. The group refuses later collectives saying what repairs it (resync, not
     destroy and init), and resync does."""
-    async with _world(2, 5.0) as (_fabric, gs):
+    async with open_world(2, 5.0) as (_fabric, gs):
         await asyncio.gather(
             dist.broadcast(np.ones(4), 0, group=gs[0]),
             dist.broadcast(np.ones(4), 1, group=gs[1]),

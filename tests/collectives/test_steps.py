@@ -5,20 +5,18 @@ collective ends (completion, a rank's disagreement, a timeout and resync, a lost
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 import pytest
+from support.worlds import open_world
 
 import aiodist as dist
 from aiodist import work as _work
 from aiodist.collectives import select
 from aiodist.collectives.steps import Stepper, Steps
 from aiodist.group import ProcessGroup
-from aiodist.testing import memory_world, run_memory_world
-from aiodist.transport.memory import MemoryFabric
+from aiodist.testing import run_memory_world
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -185,18 +183,8 @@ async def test_many_stepped_collectives_at_once_keep_their_order_on_every_rank()
     assert all(r == expected for r in results)
 
 
-@contextlib.asynccontextmanager
-async def _world(size: int, timeout: float) -> AsyncIterator[tuple[MemoryFabric, list[ProcessGroup]]]:
-    fabric, gs = memory_world(size, timeout=timeout)
-    try:
-        yield fabric, gs
-    finally:
-        for t in fabric.transports:
-            t.abort()
-
-
 async def test_a_stepped_all_reduce_that_disagrees_fails_on_both_ranks_and_resync_recovers() -> None:
-    async with _world(2, 5.0) as (_fabric, gs):
+    async with open_world(2, 5.0) as (_fabric, gs):
         a = dist.all_reduce(np.ones(4, np.float32), group=gs[0])
         b = dist.all_reduce(np.ones(4, np.float64), group=gs[1])
         for w in (a, b):
@@ -209,7 +197,7 @@ async def test_a_stepped_all_reduce_that_disagrees_fails_on_both_ranks_and_resyn
 
 
 async def test_a_stepped_all_reduce_times_out_naming_the_missing_rank_and_resync_recovers() -> None:
-    async with _world(3, 0.3) as (_fabric, gs):
+    async with open_world(3, 0.3) as (_fabric, gs):
         works = [dist.all_reduce(np.ones(2, np.int64), group=g) for g in gs[:2]]  # rank 2 never comes
         for r, w in enumerate(works):
             with pytest.raises(dist.DistTimeoutError) as info:
@@ -226,7 +214,7 @@ async def test_a_stepped_all_reduce_times_out_naming_the_missing_rank_and_resync
 
 
 async def test_a_stepped_barrier_fails_naming_the_operation_when_a_member_is_lost() -> None:
-    async with _world(2, 5.0) as (fabric, gs):
+    async with open_world(2, 5.0) as (fabric, gs):
         waiting = dist.barrier(group=gs[0])
         await asyncio.sleep(0.01)
         fabric.transports[1].abort()  # rank 1 is gone without entering the barrier

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 
 from aiodist.backends.base import Backend
 from aiodist.backends.native import NATIVE
 from aiodist.backends.staged import StagedBackend, Stager
 from aiodist.group import ProcessGroup
+from aiodist.testing import memory_world
 from aiodist.transport.memory import MemoryFabric
+
+
+@contextlib.asynccontextmanager
+async def open_world(size: int, timeout: float) -> AsyncIterator[tuple[MemoryFabric, list[ProcessGroup]]]:
+    """``memory_world`` whose transports are aborted on the way out (whatever the test left)."""
+    fabric, gs = memory_world(size, timeout=timeout)
+    try:
+        yield fabric, gs
+    finally:
+        for t in fabric.transports:
+            t.abort()
 
 
 def backend_world(
