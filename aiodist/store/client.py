@@ -65,6 +65,8 @@ _GRACE = 2.0
 # A store server sends its challenge the moment it accepts; a listener that stays silent this
 # long, or keeps closing connections without a word, is another program holding the port.
 SILENCE_VERDICT = 3.0
+# The second look a silent listener gets once the verdict is due (see ``_handshake``).
+_LAST_LOOK = 0.25
 _KEY_BYTES_PER_REQUEST = 256 << 10
 _PAYLOAD_PER_REQUEST = 2 * MAX_VALUE_BYTES
 
@@ -374,14 +376,21 @@ class TCPStore(Store):
 
         first_wait = min(SILENCE_VERDICT, end - loop.time())
         try:
-            async with asyncio.timeout(first_wait):
-                first = await next_message()
-        except TimeoutError:
-            if first_wait < SILENCE_VERDICT:
-                raise  # our own budget ran out: no verdict on the listener
-            raise _NotAStore(
-                f"it accepted the connection but sent nothing in {SILENCE_VERDICT:g} s"
-            ) from None
+            try:
+                async with asyncio.timeout(first_wait):
+                    first = await next_message()
+            except TimeoutError:
+                if first_wait < SILENCE_VERDICT:
+                    raise  # our own budget ran out: no verdict on the listener
+                # After a stall of this process the loop fires its due timers before it reads
+                # its sockets: look once more at what has arrived before calling it silence.
+                try:
+                    async with asyncio.timeout(_LAST_LOOK):
+                        first = await next_message()
+                except TimeoutError:
+                    raise _NotAStore(
+                        f"it accepted the connection but sent nothing in {SILENCE_VERDICT:g} s"
+                    ) from None
         except ProtocolError:  # not even a frame
             raise _NotAStore(f"it answered {heard[:40]!r}") from None
         try:

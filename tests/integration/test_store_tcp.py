@@ -13,6 +13,7 @@ import os
 import random
 import socket
 import struct
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -179,6 +180,40 @@ async def test_client_retries_until_the_server_appears() -> None:
         await m.set("k", b"at last")
         assert await asyncio.wait_for(getter, 3) == b"at last"
         await client.aclose()
+
+
+def _store_host_that_wakes_late(port: int, asleep: float, done: threading.Event) -> None:
+    """A store host in its own thread whose loop is busy for ``asleep`` s after it starts listening."""
+
+    async def host() -> None:
+        async with TCPStore("127.0.0.1", port, is_master=True, secret=SECRET):
+            time.sleep(asleep)  # connections queue in the kernel until the loop runs again
+            while not done.is_set():
+                await asyncio.sleep(0.01)
+
+    uvloop.run(host())
+
+
+async def test_a_stall_of_our_own_loop_is_not_taken_for_a_silent_listener() -> None:
+    """The client's loop stalls past SILENCE_VERDICT while the host's challenge is on its way.
+
+    After a stall the loop fires its due timers before it reads its sockets: the challenge
+    that arrived meanwhile must still be read, and the store joined, not named a foreign program.
+    """
+    port, done = free_port(), threading.Event()
+    host = threading.Thread(target=_store_host_that_wakes_late, args=(port, 1.0, done))
+    host.start()
+    try:
+        await asyncio.sleep(0.3)  # the host listens (and sleeps)
+        asyncio.get_running_loop().call_later(0.3, time.sleep, SILENCE_VERDICT + 0.5)
+        client = TCPStore("127.0.0.1", port, timeout=15, secret=SECRET)
+        await client.start()
+        await client.set("k", b"joined")
+        assert await client.get("k") == b"joined"
+        await client.aclose()
+    finally:
+        done.set()
+        await asyncio.to_thread(host.join, 10)
 
 
 @pytest.mark.parametrize("behaviour", ["http", "silent", "close-at-once"])
