@@ -11,28 +11,26 @@ leaders across hosts) where ``select.host_algorithm`` calls for them, the flat d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Generator
 from typing import Any
 
 from aiodist import _tensors
 from aiodist.backends.base import Array, Binding, BoundGroup, Gate, Op, Role, TensorOps
 from aiodist.collectives import hostaware, select
-from aiodist.collectives.allgather import allgather, bruck_allgather_steps, check_allgather
-from aiodist.collectives.allreduce import allreduce, recursive_doubling_steps
+from aiodist.collectives.allgather import allgather
+from aiodist.collectives.allreduce import allreduce
 from aiodist.collectives.alltoall import alltoall
-from aiodist.collectives.barrier import barrier, barrier_steps
-from aiodist.collectives.broadcast import broadcast, tree_broadcast_steps
+from aiodist.collectives.barrier import barrier
+from aiodist.collectives.broadcast import broadcast
 from aiodist.collectives.context import OpContext
-from aiodist.collectives.direct import direct_allgather_steps, direct_broadcast_steps
 from aiodist.collectives.gather import gather, scatter
-from aiodist.collectives.hierarchical import note
-from aiodist.collectives.reduce import reduce, tree_reduce_steps
+from aiodist.collectives.reduce import reduce
 from aiodist.collectives.reduce_scatter import reduce_scatter
-from aiodist.collectives.steps import Steps
+from aiodist.collectives.steps import Plan, run
 from aiodist.ops import ReduceOp
 from aiodist.work import Work
 
-__all__ = ["NATIVE", "NativeBackend", "algorithm", "stepped"]
+__all__ = ["NATIVE", "NativeBackend", "algorithm"]
 
 
 def _host_bytes(ctx: OpContext, op: Op) -> int:
@@ -50,10 +48,11 @@ def _host_bytes(ctx: OpContext, op: Op) -> int:
             return -1
 
 
-def algorithm(ctx: OpContext, op: Op) -> Coroutine[Any, Any, None]:
-    """The algorithm that runs ``op`` on this rank: a host-aware form where the group's layout over
-    hosts calls for one (``select.host_algorithm``), else the flat one (which picks its variant by
-    size: ``select``)."""
+def algorithm(ctx: OpContext, op: Op) -> Plan:
+    """The plan of ``op`` on this rank (``aiodist.collectives.steps``): a host-aware form where
+    the group's layout over hosts calls for one (``select.host_algorithm``), else the flat one
+    (whose dispatcher picks its variant by size: ``select``). Small and one-host forms come as
+    steps, advanced by their arrivals with no task; the others as coroutines."""
     out, inp, rop = op.outputs, op.inputs, op.reduce_op or ReduceOp.SUM
     nbytes = _host_bytes(ctx, op)
     how = select.host_algorithm(op.kind, nbytes, ctx) if nbytes >= 0 else "flat"
@@ -90,58 +89,16 @@ def algorithm(ctx: OpContext, op: Op) -> Coroutine[Any, Any, None]:
             return reduce_scatter(ctx, out[0], list(inp), rop)
         case "all_to_all":
             return alltoall(ctx, list(out), list(inp))
+    raise AssertionError(f"no algorithm for {op.kind!r}")
 
 
-def stepped(ctx: OpContext, op: Op) -> Steps | None:
-    """The steps of ``op`` where the algorithm ``algorithm`` would pick is written as steps (the
-    small and one-host forms: flat barrier, recursive doubling, binomial trees, direct broadcast
-    and all_gather): it then runs advanced by its arrivals, with no task (see
-    ``aiodist.collectives.steps``). None: ``algorithm`` runs it as a task."""
-    n = ctx.size
-    if n == 1:
-        return None
-    out, inp = op.outputs, op.inputs
-    nbytes = _host_bytes(ctx, op)
-    how = select.host_algorithm(op.kind, nbytes, ctx) if nbytes >= 0 else "flat"
-    match op.kind, how:
-        case "barrier", "flat":
-            return barrier_steps(ctx)
-        case "all_reduce", "flat" if select.allreduce_algorithm(nbytes, n) != "ring":
-            return recursive_doubling_steps(ctx, out[0], op.reduce_op or ReduceOp.SUM)
-        case "broadcast", "flat" if select.broadcast_algorithm(nbytes, n) == "tree":
-            return tree_broadcast_steps(ctx, out[0], op.root)
-        case "broadcast", "direct":
-            note(ctx, "broadcast", how)
-            return direct_broadcast_steps(ctx, out[0], op.root)
-        case "reduce", "flat" if select.reduce_algorithm(nbytes, n) == "tree":
-            return tree_reduce_steps(ctx, out[0], op.reduce_op or ReduceOp.SUM, op.root)
-        case "all_gather", "direct":
-            note(ctx, "all_gather", how)
-            return _allgather_steps(ctx, list(out), inp[0], direct_allgather_steps)
-        case "all_gather", "flat" if all(b.size == inp[0].size for b in out) and (
-            select.allgather_algorithm(int(inp[0].nbytes), n) == "bruck"
-        ):
-            return _allgather_steps(ctx, list(out), inp[0], bruck_allgather_steps)
-    return None
-
-
-def _allgather_steps(
-    ctx: OpContext,
-    blocks: list[Array],
-    inp: Array,
-    steps: Callable[[OpContext, list[Array], Array], Steps],
-) -> Steps:
-    check_allgather(ctx, blocks, inp)  # (in the first step: a failure is the operation's, as in a task)
-    yield from steps(ctx, blocks, inp)
-
-
-async def _gated(gate: Gate, coro: Coroutine[Any, Any, None]) -> None:
+async def _gated(gate: Gate, plan: Plan) -> None:
     try:
         await gate()
     except BaseException:
-        coro.close()
+        plan.close()
         raise
-    await coro
+    await run(plan)
 
 
 class _NativeBinding:
@@ -157,10 +114,12 @@ class _NativeBinding:
         pass
 
     def start(self, ctx: OpContext, op: Op, timeout: float | None, gate: Gate | None = None) -> Work:
-        if gate is None and (steps := stepped(ctx, op)) is not None:
-            return self.group.run_steps(ctx, steps, timeout)
-        coro = algorithm(ctx, op)
-        return self.group.track_collective(ctx, coro if gate is None else _gated(gate, coro), timeout)
+        plan = algorithm(ctx, op)
+        if gate is not None:
+            return self.group.track_collective(ctx, _gated(gate, plan), timeout)
+        if isinstance(plan, Generator):
+            return self.group.run_steps(ctx, plan, timeout)
+        return self.group.track_collective(ctx, plan, timeout)
 
     def complete(self, work: Work) -> Work:
         return work

@@ -15,33 +15,28 @@ this rank's own block.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from aiodist.collectives import select
 from aiodist.collectives._common import Array, bounds, bv, check_size, copy_into, n_segments, wait_all
 from aiodist.collectives.context import OpContext
-from aiodist.collectives.steps import Steps, drive
+from aiodist.collectives.steps import Plan, Steps
 
-__all__ = ["allgather", "bruck_allgather", "check_allgather", "ring_allgather"]
+__all__ = ["allgather", "bruck_allgather_steps", "check_allgather", "checked", "ring_allgather"]
 
 
-async def allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
+def allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> Plan:
     """Fill ``blocks[i]`` (flat, writable) with group rank i's ``inp``; ``blocks[rank]`` gets ours.
 
     Blocks may differ in size (every rank must pass the same sizes), then the ring runs.
     """
     n = ctx.size
-    check_allgather(ctx, blocks, inp)
     equal = all(b.size == inp.size for b in blocks)
-    if n == 1:
-        copy_into(blocks[0], inp)
-        return
-    if equal and select.allgather_algorithm(inp.nbytes, n) == "bruck":
-        await bruck_allgather(ctx, blocks, inp)
-    else:
-        await ring_allgather(ctx, blocks, inp)
+    if n > 1 and equal and select.allgather_algorithm(inp.nbytes, n) == "bruck":
+        return checked(bruck_allgather_steps, ctx, blocks, inp)
+    return ring_allgather(ctx, blocks, inp)
 
 
 def check_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
@@ -50,8 +45,16 @@ def check_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None
     check_size("all_gather own block", blocks[ctx.rank].size, inp.size)
 
 
-async def bruck_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
-    await drive(bruck_allgather_steps(ctx, blocks, inp))
+def checked(
+    steps: Callable[[OpContext, Sequence[Array], Array], Steps],
+    ctx: OpContext,
+    blocks: Sequence[Array],
+    inp: Array,
+) -> Steps:
+    """``steps`` after ``check_allgather``, which runs in the first step: a failed check is the
+    operation's failure, as it is in a coroutine."""
+    check_allgather(ctx, blocks, inp)
+    yield from steps(ctx, blocks, inp)
 
 
 def bruck_allgather_steps(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> Steps:
@@ -70,7 +73,11 @@ def bruck_allgather_steps(ctx: OpContext, blocks: Sequence[Array], inp: Array) -
 
 
 async def ring_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
+    check_allgather(ctx, blocks, inp)
     n, r = ctx.size, ctx.rank
+    if n == 1:
+        copy_into(blocks[0], inp)
+        return
     right, left = (r + 1) % n, (r - 1) % n
     seg = select.segment_elems(inp.itemsize)
 

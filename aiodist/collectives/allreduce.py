@@ -43,24 +43,19 @@ from aiodist.collectives._common import (
     wait_all,
 )
 from aiodist.collectives.context import OpContext
-from aiodist.collectives.steps import Steps, drive
+from aiodist.collectives.steps import Plan, Steps, no_steps
 from aiodist.ops import ReduceOp
 
-__all__ = ["allreduce", "recursive_doubling", "recursive_doubling_steps", "ring_allreduce"]
+__all__ = ["allreduce", "recursive_doubling_steps", "ring_allreduce"]
 
 
-async def allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
+def allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> Plan:
     """Reduce ``arr`` (flat, writable) across the group in place; every rank gets the result."""
     if ctx.size == 1:
-        return
+        return no_steps()
     if select.allreduce_algorithm(arr.nbytes, ctx.size) == "ring":
-        await ring_allreduce(ctx, arr, op)
-    else:
-        await recursive_doubling(ctx, arr, op)
-
-
-async def recursive_doubling(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
-    await drive(recursive_doubling_steps(ctx, arr, op))
+        return ring_allreduce(ctx, arr, op)
+    return recursive_doubling_steps(ctx, arr, op)
 
 
 def recursive_doubling_steps(ctx: OpContext, arr: Array, op: ReduceOp) -> Steps:

@@ -9,15 +9,15 @@ have arrived. ceil(log2 n) rounds, n messages per round, no root to queue on.
 from __future__ import annotations
 
 from aiodist.collectives.context import OpContext
-from aiodist.collectives.steps import Steps, drive
+from aiodist.collectives.steps import Plan, Steps
 
 __all__ = ["barrier", "barrier_steps"]
 
 _EMPTY = memoryview(bytearray(0))
 
 
-async def barrier(ctx: OpContext) -> None:
-    await drive(barrier_steps(ctx))
+def barrier(ctx: OpContext) -> Plan:
+    return barrier_steps(ctx)
 
 
 def barrier_steps(ctx: OpContext) -> Steps:

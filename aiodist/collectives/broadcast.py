@@ -17,23 +17,18 @@ from __future__ import annotations
 from aiodist.collectives import select
 from aiodist.collectives._common import Array, bounds, bv, n_segments, wait_all
 from aiodist.collectives.context import OpContext
-from aiodist.collectives.steps import Steps, drive
+from aiodist.collectives.steps import Plan, Steps, no_steps
 
-__all__ = ["broadcast", "chain_broadcast", "tree_broadcast"]
+__all__ = ["broadcast", "chain_broadcast", "tree_broadcast_steps"]
 
 
-async def broadcast(ctx: OpContext, arr: Array, root: int) -> None:
+def broadcast(ctx: OpContext, arr: Array, root: int) -> Plan:
     """Copy group rank ``root``'s ``arr`` into every other rank's ``arr`` (same size everywhere)."""
     if ctx.size == 1:
-        return
+        return no_steps()
     if select.broadcast_algorithm(arr.nbytes, ctx.size) == "chain":
-        await chain_broadcast(ctx, arr, root)
-    else:
-        await tree_broadcast(ctx, arr, root)
-
-
-async def tree_broadcast(ctx: OpContext, arr: Array, root: int) -> None:
-    await drive(tree_broadcast_steps(ctx, arr, root))
+        return chain_broadcast(ctx, arr, root)
+    return tree_broadcast_steps(ctx, arr, root)
 
 
 def tree_broadcast_steps(ctx: OpContext, arr: Array, root: int) -> Steps:

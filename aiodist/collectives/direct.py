@@ -44,18 +44,14 @@ from aiodist.collectives._common import (
     wait_all,
 )
 from aiodist.collectives.context import OpContext
-from aiodist.collectives.steps import Steps, drive
+from aiodist.collectives.steps import Steps
 from aiodist.ops import ReduceOp
 
-__all__ = ["direct_allgather", "direct_allreduce", "direct_broadcast", "direct_reduce_scatter"]
-
-
-async def direct_broadcast(ctx: OpContext, arr: Array, root: int) -> None:
-    await drive(direct_broadcast_steps(ctx, arr, root))
+__all__ = ["direct_allgather_steps", "direct_allreduce", "direct_broadcast_steps", "direct_reduce_scatter"]
 
 
 def direct_broadcast_steps(ctx: OpContext, arr: Array, root: int) -> Steps:
-    """``direct_broadcast`` as steps (``aiodist.collectives.steps``)."""
+    """The root sends to every other rank at once (steps: ``aiodist.collectives.steps``)."""
     n, r = ctx.size, ctx.rank
     if r != root:
         yield (ctx.recv(root, bv(arr)),)
@@ -63,12 +59,8 @@ def direct_broadcast_steps(ctx: OpContext, arr: Array, root: int) -> Steps:
     yield tuple(ctx.send((root + k) % n, bv(arr)) for k in range(1, n))
 
 
-async def direct_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
-    await drive(direct_allgather_steps(ctx, blocks, inp))
-
-
 def direct_allgather_steps(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> Steps:
-    """``direct_allgather`` as steps (``aiodist.collectives.steps``)."""
+    """Every rank sends its block to every other at once (steps: ``aiodist.collectives.steps``)."""
     n, r = ctx.size, ctx.rank
     check_size("all_gather output list length", len(blocks), n)
     check_size("all_gather own block", blocks[r].size, inp.size)

@@ -61,6 +61,7 @@ from aiodist.collectives import reduce as _reduce
 from aiodist.collectives import reduce_scatter as _reduce_scatter
 from aiodist.collectives._common import Array, bounds, bv, copy_into, finalize, wait_all
 from aiodist.collectives.context import OpContext
+from aiodist.collectives.steps import drive, run
 from aiodist.collectives.topology import HostMap
 from aiodist.ops import ReduceOp
 
@@ -105,9 +106,9 @@ async def _host_broadcast(local: OpContext, arr: Array, root: int) -> None:
     choice: reduce has no direct form, and the groups of one rank per host are flat.)"""
     if select.host_algorithm("broadcast", arr.nbytes, local) == "direct":
         note(local, "broadcast", "direct")
-        await direct.direct_broadcast(local, arr, root)
+        await drive(direct.direct_broadcast_steps(local, arr, root))
     else:
-        await _broadcast.broadcast(local, arr, root)
+        await run(_broadcast.broadcast(local, arr, root))
 
 
 def _hosts(ctx: OpContext) -> HostMap:
@@ -134,9 +135,9 @@ async def hierarchical_allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> No
     local = hosts.members[hosts.host_of[ctx.rank]]
     step = _phase_op(op)
     if len(local) > 1:
-        await _reduce.reduce(ctx.sub(local), arr, step, 0)
+        await run(_reduce.reduce(ctx.sub(local), arr, step, 0))
     if ctx.rank == local[0]:
-        await _allreduce.allreduce(ctx.sub(hosts.leaders), arr, step)
+        await run(_allreduce.allreduce(ctx.sub(hosts.leaders), arr, step))
         await finalize(op, arr, ctx.size)
     if len(local) > 1:
         await _host_broadcast(ctx.sub(local), arr, 0)
@@ -148,7 +149,7 @@ async def hierarchical_broadcast(ctx: OpContext, arr: Array, root: int) -> None:
     h = hosts.host_of[ctx.rank]
     local = hosts.members[h]
     if ctx.rank == heads[h]:
-        await _broadcast.broadcast(ctx.sub(heads), arr, hosts.host_of[root])
+        await run(_broadcast.broadcast(ctx.sub(heads), arr, hosts.host_of[root]))
     if len(local) > 1:
         await _host_broadcast(ctx.sub(local), arr, local.index(heads[h]))
 
@@ -163,9 +164,9 @@ async def hierarchical_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: in
     # A head that is not the root folds its host into a copy: only the root's buffer is written.
     acc = arr.copy() if head and ctx.rank != root and len(local) > 1 else arr
     if len(local) > 1:
-        await _reduce.reduce(ctx.sub(local), acc, step, local.index(heads[h]))
+        await run(_reduce.reduce(ctx.sub(local), acc, step, local.index(heads[h])))
     if head:
-        await _reduce.reduce(ctx.sub(heads), acc, step, hosts.host_of[root])
+        await run(_reduce.reduce(ctx.sub(heads), acc, step, hosts.host_of[root]))
     if ctx.rank == root:
         await finalize(op, arr, ctx.size)
 
@@ -199,7 +200,7 @@ async def hierarchical_allgather(ctx: OpContext, blocks: Sequence[Array], inp: A
         copy_into(view(r), inp)
     if leader and hosts.n_hosts > 1:
         bundles = [staging[starts[k] : starts[k + 1]] for k in range(hosts.n_hosts)]
-        await _allgather.allgather(ctx.sub(hosts.leaders), bundles, bundles[h])
+        await run(_allgather.allgather(ctx.sub(hosts.leaders), bundles, bundles[h]))
     if len(local) > 1:
         await _host_broadcast(ctx.sub(local), staging, 0)
     if not in_place:
@@ -238,7 +239,7 @@ async def hierarchical_barrier(ctx: OpContext) -> None:
         await ctx.recv(leader, memoryview(bytearray(0)))
         return
     await wait_all([ctx.recv(g, memoryview(bytearray(0))) for g in local[1:]])
-    await _barrier.barrier(ctx.sub(hosts.leaders))
+    await run(_barrier.barrier(ctx.sub(hosts.leaders)))
     await wait_all([ctx.send(g, _EMPTY) for g in local[1:]])
 
 
@@ -355,15 +356,15 @@ async def two_level_allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
 
     async def across(c: int) -> None:
         mine = parts(c)[i]
-        await _allreduce.allreduce(on_lane, mine, step)
+        await run(_allreduce.allreduce(on_lane, mine, step))
         await finalize(op, mine, ctx.size)
 
     async def after(c: int) -> None:
-        await direct.direct_allgather(on_host, parts(c), parts(c)[i])
+        await drive(direct.direct_allgather_steps(on_host, parts(c), parts(c)[i]))
 
     await _pipeline(chunks, across, before, after)
     if length * chunks < arr.size:  # the last size % (L x chunks) elements, among all ranks
-        await _allreduce.allreduce(ctx, arr[length * chunks :], op)
+        await run(_allreduce.allreduce(ctx, arr[length * chunks :], op))
 
 
 async def two_level_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
@@ -379,7 +380,7 @@ async def two_level_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Arra
         return a[cut[c] : cut[c + 1]]
 
     async def across(c: int) -> None:
-        await _allgather.allgather(on_lane, [piece(blocks[g], c) for g in lane], piece(inp, c))
+        await run(_allgather.allgather(on_lane, [piece(blocks[g], c) for g in lane], piece(inp, c)))
 
     async def after(c: int) -> None:
         # Each rank shares what its lane brought with the others of its host, host by host: a

@@ -37,26 +37,21 @@ from aiodist.collectives._common import (
     wait_all,
 )
 from aiodist.collectives.context import OpContext
-from aiodist.collectives.steps import Steps, drive
+from aiodist.collectives.steps import Plan, Steps, no_steps
 from aiodist.ops import ReduceOp
 
-__all__ = ["chain_reduce", "reduce", "tree_reduce"]
+__all__ = ["chain_reduce", "reduce", "tree_reduce_steps"]
 
 _CREDIT = memoryview(b"")
 
 
-async def reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> None:
+def reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> Plan:
     """Reduce every rank's ``arr`` into the root's ``arr`` (only the root's is written)."""
     if ctx.size == 1:
-        return
+        return no_steps()
     if select.reduce_algorithm(arr.nbytes, ctx.size) == "chain":
-        await chain_reduce(ctx, arr, op, root)
-    else:
-        await tree_reduce(ctx, arr, op, root)
-
-
-async def tree_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> None:
-    await drive(tree_reduce_steps(ctx, arr, op, root))
+        return chain_reduce(ctx, arr, op, root)
+    return tree_reduce_steps(ctx, arr, op, root)
 
 
 def tree_reduce_steps(ctx: OpContext, arr: Array, op: ReduceOp, root: int) -> Steps:

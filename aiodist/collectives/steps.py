@@ -8,6 +8,10 @@ themselves (``Stepper``): the callback of the step's last future runs the next s
 task and no coroutine in between. The algorithms stay readable top to bottom, and ``drive``
 awaits the same steps from a coroutine where an algorithm is one phase of a larger one.
 
+A planner (``aiodist.backends.native.algorithm`` and the dispatchers it calls) returns a
+``Plan``: the chosen algorithm's steps where it is written as steps (the small and one-host
+forms), else its coroutine (the large, pipelined forms keep a task). ``run`` awaits either.
+
 A step yields a tuple of futures (a send's completion, a receive's, a reduction's in a worker
 thread); the step's failure is the first failure among them.
 """
@@ -15,13 +19,20 @@ thread); the step's failure is the first failure among them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
-__all__ = ["Steps", "Stepper", "drive"]
+__all__ = ["Plan", "Steps", "Stepper", "drive", "no_steps", "run"]
 
 #: An algorithm's steps: each item, the futures the next step waits for.
 Steps = Generator[tuple["asyncio.Future[Any]", ...], None, None]
+#: The algorithm a planner chose: its steps, or (where it is not written as steps) its coroutine.
+Plan = Steps | Coroutine[Any, Any, None]
+
+
+def no_steps() -> Steps:
+    """The plan of an operation with nothing to exchange (a group of one)."""
+    yield from ()
 
 
 async def drive(steps: Steps) -> None:
@@ -29,6 +40,14 @@ async def drive(steps: Steps) -> None:
     for waits in steps:
         for w in waits:
             await w
+
+
+async def run(plan: Plan) -> None:
+    """Run ``plan`` from a coroutine (a phase of a larger algorithm, a gated operation)."""
+    if isinstance(plan, Generator):
+        await drive(plan)
+    else:
+        await plan
 
 
 class Stepper:

@@ -29,6 +29,7 @@ from aiodist.backends.native import algorithm
 from aiodist.collectives._common import Array, bv
 from aiodist.collectives.gather import gather as _gather
 from aiodist.collectives.gather import scatter as _scatter
+from aiodist.collectives.steps import run
 from aiodist.errors import DistError, DistTypeError, DistValueError
 from aiodist.face.world import resolve_group
 from aiodist.group import ProcessGroup
@@ -50,12 +51,12 @@ __all__ = [
 
 
 # (through the native backend's ``algorithm``: host-aware where the group's layout calls for it)
-def _broadcast(ctx: Any, arr: Array, root: int) -> Any:
-    return algorithm(ctx, Op("broadcast", outputs=(arr,), root=root))
+async def _broadcast(ctx: Any, arr: Array, root: int) -> None:
+    await run(algorithm(ctx, Op("broadcast", outputs=(arr,), root=root)))
 
 
-def _allgather(ctx: Any, blocks: list[Array], inp: Array) -> Any:
-    return algorithm(ctx, Op("all_gather", outputs=tuple(blocks), inputs=(inp,)))
+async def _allgather(ctx: Any, blocks: list[Array], inp: Array) -> None:
+    await run(algorithm(ctx, Op("all_gather", outputs=tuple(blocks), inputs=(inp,))))
 
 
 _MSGPACK = 0x4D  # "M"

@@ -512,10 +512,15 @@ async def test_work_wait_timeout_leaves_the_operation_running(mesh2: list[TcpTra
 async def _all_reduce_like(g: ProcessGroup, x: np.ndarray, timeout: float | None = None) -> Any:
     """A tiny ring sum over the group's COLL channel (the transport view of a collective)."""
     from aiodist.collectives.allreduce import allreduce
+    from aiodist.collectives.steps import run
     from aiodist.ops import ReduceOp
 
     return await g.run_collective(
-        "all_reduce", lambda ctx: allreduce(ctx, x, ReduceOp.SUM), timeout, dtype=str(x.dtype), count=x.size
+        "all_reduce",
+        lambda ctx: run(allreduce(ctx, x, ReduceOp.SUM)),
+        timeout,
+        dtype=str(x.dtype),
+        count=x.size,
     )
 
 
