@@ -40,7 +40,7 @@ class InFlight:
         # starts the members' exchange about where they stand.
         self.on_timeout: Callable[[float], BaseException] | None = None
         # A pending send: (receiver, fingerprint of its message), so that the receiver's refusal
-        # of the message fails it (``ProcessGroup._on_send_refused``).
+        # of the message fails it (``ProcessGroup.on_send_refused``).
         self.sent: tuple[int, Fingerprint] | None = None
         # A point-to-point operation's peer (None: a receive from any source, or a collective).
         self.peer: int | None = None

@@ -58,6 +58,7 @@ from aiodist.transport.base import (
     abort_kind,
     describe_fingerprint,
 )
+from aiodist.wire.control import Control
 from aiodist.work import Work
 
 __all__ = ["PEER_LOSS_GRACE", "ProcessGroup"]
@@ -143,17 +144,12 @@ class ProcessGroup:
         self._floor = 0
         self._keeper = StepKeeper(self)
         # Refusals of messages of sends that had completed, by (receiver, tag): the next send to
-        # that receiver with that tag raises it (``_on_send_refused``).
+        # that receiver with that tag raises it (``on_send_refused``).
         self._refused: dict[tuple[int, int], CollectiveMismatchError] = {}
         # The tasks that started collectives here, and when differing ones are a mismatch.
         self.origins = _origin.OriginBook(task_check)
         if self.rank >= 0:
-            transport.mailbox.origin_books[gid] = self.origins
-            transport.add_peer_lost_listener(self._on_peer_lost)
-            transport.add_peer_gone_listener(self._on_peer_gone)
-            transport.add_key_failed_listener(self._on_key_failed)
-            transport.add_send_refused_listener(self._on_send_refused)
-            transport.set_control_handler(gid, self._keeper.on_control)
+            transport.attach(gid, self)
 
     def __repr__(self) -> str:
         return f"<ProcessGroup {self.name} ranks={list(self.ranks)} rank={self.rank}>"
@@ -216,7 +212,11 @@ class ProcessGroup:
                 state = f"{self.name} is broken: {self.broken}"
             raise type(self.broken)(f"{what} on rank {self.global_rank}: {state}") from self.broken
 
-    def _on_peer_lost(self, peer: int, exc: DistNetworkError) -> None:
+    def on_control(self, src: int, msg: Control) -> None:
+        """A member's state query or resync proposal: the step keeper answers it."""
+        self._keeper.on_control(src, msg)
+
+    def on_peer_lost(self, peer: int, exc: DistNetworkError) -> None:
         """A member is gone: the group is broken for every later call.
 
         An operation in flight fails as soon as it needs the lost rank: at once when it waits
@@ -235,7 +235,7 @@ class ProcessGroup:
         if stranded:
             self.loop.call_later(PEER_LOSS_GRACE, self._fail_stranded, stranded, exc)
 
-    def _on_peer_gone(self, peer: int, exc: DistNetworkError) -> None:
+    def on_peer_gone(self, peer: int, exc: DistNetworkError) -> None:
         """A peer is gone (lost, or left in order): this group's point-to-point operations with
         it fail at once, naming themselves (the transport's error names only the rank)."""
         for op in [op for op in self._inflight.values() if op.peer == peer]:
@@ -254,9 +254,7 @@ class ProcessGroup:
                 err.__cause__ = exc
                 self._fail(op, err)
 
-    def _on_key_failed(self, key: Key, exc: BaseException) -> None:
-        if key[0] != self.gid:
-            return
+    def on_key_failed(self, key: Key, exc: BaseException) -> None:
         if key[1] == COLL and key[2] < self._floor:
             return  # about an operation a resync has settled: stale
         if isinstance(exc, GroupOutOfStepError) and key[1] == COLL:
@@ -274,7 +272,7 @@ class ProcessGroup:
             if op.key == key:
                 self._fail(op, exc)
 
-    def _on_send_refused(
+    def on_send_refused(
         self, peer: int, key: Key, fp: Fingerprint | None, exc: CollectiveMismatchError
     ) -> None:
         """``peer`` refused a message of ours (its receive was posted for another size or dtype).
@@ -286,7 +284,7 @@ class ProcessGroup:
         instead, before it sends anything (so that the messages still pair one to one with
         the receives), and the refusal is logged now, in case no such send comes.
         """
-        if key[0] != self.gid or peer not in self._group_rank:
+        if peer not in self._group_rank:
             return
         want = list(fp or ())
         for op in self._inflight.values():  # (oldest first)
@@ -323,14 +321,7 @@ class ProcessGroup:
                 op, DistError(f"{op.name} on rank {self.global_rank}: {reason} while it was in flight")
             )
         self._keeper.close(reason)
-        self.transport.remove_peer_lost_listener(self._on_peer_lost)
-        self.transport.remove_peer_gone_listener(self._on_peer_gone)
-        self.transport.remove_key_failed_listener(self._on_key_failed)
-        self.transport.remove_send_refused_listener(self._on_send_refused)
-        if self.rank >= 0:
-            self.transport.set_control_handler(self.gid, None)
-            if self.transport.mailbox.origin_books.get(self.gid) is self.origins:
-                del self.transport.mailbox.origin_books[self.gid]
+        self.transport.detach(self.gid, self)
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
             self._deadline_timer, self._deadline_at = None, math.inf

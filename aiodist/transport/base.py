@@ -24,7 +24,7 @@ import sys
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from aiodist.errors import CollectiveMismatchError, DistError, DistNetworkError, GroupOutOfStepError
 from aiodist.runtime.origin import OriginBook
@@ -40,6 +40,7 @@ __all__ = [
     "Fingerprint",
     "Key",
     "Mailbox",
+    "Member",
     "PendingRecv",
     "Transport",
     "describe_disagreement",
@@ -491,11 +492,30 @@ def _earliest(by_src: dict[int, deque[_Held]]) -> int:
     return min(by_src, key=lambda s: by_src[s][0].order)
 
 
-PeerLostListener = Callable[[int, DistNetworkError], None]
-KeyFailedListener = Callable[[Key, BaseException], None]
-# (receiver, key, the fingerprint this rank sent, the receiver's error restated for this rank)
-SendRefusedListener = Callable[[int, Key, Fingerprint | None, CollectiveMismatchError], None]
-ControlHandler = Callable[[int, Control], None]
+class Member(Protocol):
+    """A group as the transport sees it (``Transport.attach``): what it is told, and its book
+    of the tasks that started its collectives (which a mismatch error quotes)."""
+
+    origins: OriginBook
+
+    def on_peer_gone(self, peer: int, exc: DistNetworkError) -> None:
+        """``peer`` is gone, lost or left in order: told before the receives waiting on it fail
+        (so that an operation can fail first, naming itself)."""
+
+    def on_peer_lost(self, peer: int, exc: DistNetworkError) -> None:
+        """``peer`` is lost (gone without a goodbye): told after its receives failed."""
+
+    def on_key_failed(self, key: Key, exc: BaseException) -> None:
+        """An operation of this group (``key``) failed elsewhere: a member's abort or mismatch."""
+
+    def on_send_refused(
+        self, peer: int, key: Key, fp: Fingerprint | None, exc: CollectiveMismatchError
+    ) -> None:
+        """``peer`` refused a point-to-point message of ours (its receive was posted for another
+        size or dtype); ``fp`` is what this rank sent, ``exc`` the refusal restated here."""
+
+    def on_control(self, src: int, msg: Control) -> None:
+        """A control message for this group (a state query, a resync proposal)."""
 
 
 class LateMessageError(CollectiveMismatchError):
@@ -523,10 +543,8 @@ class Transport(ABC):
         self.settings = Settings.read() if settings is None else settings
         self.mailbox = Mailbox(rank, loop, self.settings.unexpected_cap, on_mismatch=self._report_mismatch)
         self.mailbox.on_late = self._late_message
-        self._peer_lost_listeners: list[PeerLostListener] = []
-        self._peer_gone_listeners: list[PeerLostListener] = []
-        self._key_failed_listeners: list[KeyFailedListener] = []
-        self._send_refused_listeners: list[SendRefusedListener] = []
+        # The groups of which this rank is a member, by group id (``attach``).
+        self._members: dict[int, Member] = {}
         self.dead_peers: dict[int, DistNetworkError] = {}
         # The first peer lost without a goodbye: later departures (often its consequence:
         # ranks that failed because of it and left) name it too.
@@ -535,8 +553,6 @@ class Transport(ABC):
         # How this rank leaves (said in the goodbye): set before closing when it is not a plain
         # destroy_process_group (the end of the program, an uncaught exception).
         self.goodbye: Goodbye | None = None
-        # Per group id: the group's handler of control messages (state queries, resync).
-        self._control_handlers: dict[int, ControlHandler] = {}
         # Control messages of groups not created here yet (a peer's resync right after
         # init_process_group or new_group can overtake this rank's own creation of the group),
         # handed over when the group registers; and the ids of groups that are gone.
@@ -585,51 +601,25 @@ class Transport(ABC):
         dropped, and its own still pending sends withdrawn (nothing of them is delivered)."""
         self.mailbox.abandon(key)
 
-    # -- failure reporting -------------------------------------------------------------
-    def add_peer_lost_listener(self, cb: PeerLostListener) -> None:
-        self._peer_lost_listeners.append(cb)
-
-    def remove_peer_lost_listener(self, cb: PeerLostListener) -> None:
-        if cb in self._peer_lost_listeners:
-            self._peer_lost_listeners.remove(cb)
-
-    def add_peer_gone_listener(self, cb: PeerLostListener) -> None:
-        """``cb(peer, error)`` when a peer is gone, lost or left in order, before the receives
-        waiting on it fail (so that an operation can fail first, naming itself)."""
-        self._peer_gone_listeners.append(cb)
-
-    def remove_peer_gone_listener(self, cb: PeerLostListener) -> None:
-        if cb in self._peer_gone_listeners:
-            self._peer_gone_listeners.remove(cb)
-
-    def add_key_failed_listener(self, cb: KeyFailedListener) -> None:
-        self._key_failed_listeners.append(cb)
-
-    def remove_key_failed_listener(self, cb: KeyFailedListener) -> None:
-        if cb in self._key_failed_listeners:
-            self._key_failed_listeners.remove(cb)
-
-    def add_send_refused_listener(self, cb: SendRefusedListener) -> None:
-        """``cb(receiver, key, fp, error)`` when a receiver refuses a point-to-point message of
-        ours (its receive was posted for another size or dtype)."""
-        self._send_refused_listeners.append(cb)
-
-    def remove_send_refused_listener(self, cb: SendRefusedListener) -> None:
-        if cb in self._send_refused_listeners:
-            self._send_refused_listeners.remove(cb)
-
-    def set_control_handler(self, gid: int, cb: ControlHandler | None) -> None:
-        """Route group ``gid``'s control messages to ``cb``, first those that came before it
-        (None: the group is gone; drop them from now on)."""
-        if cb is None:
-            self._control_handlers.pop(gid, None)
-            self._control_gone.add(gid)
-            self._control_early.pop(gid, None)
-            return
-        self._control_handlers[gid] = cb
+    # -- the groups ---------------------------------------------------------------------
+    def attach(self, gid: int, member: Member) -> None:
+        """Tell ``member`` (group ``gid``, of which this rank is a member) what concerns it, from
+        the control messages that came before it on."""
+        self._members[gid] = member
+        self.mailbox.origin_books[gid] = member.origins
         for src, msg in self._control_early.pop(gid, ()):
-            if self._control_handlers.get(gid) is cb and not self.closed:
-                cb(src, msg)
+            if self._members.get(gid) is member and not self.closed:
+                member.on_control(src, msg)
+
+    def detach(self, gid: int, member: Member) -> None:
+        """``member`` is gone: its group's control messages are dropped from now on."""
+        if self._members.get(gid) is not member:
+            return
+        del self._members[gid]
+        if self.mailbox.origin_books.get(gid) is member.origins:
+            del self.mailbox.origin_books[gid]
+        self._control_gone.add(gid)
+        self._control_early.pop(gid, None)
 
     def _control_received(self, src: int, msg: Control) -> None:
         """A control message of a group arrived from ``src``: its group answers it (or will,
@@ -637,9 +627,9 @@ class Transport(ABC):
         gid = getattr(msg, "gid", None)
         if not isinstance(gid, int) or self.closed:
             return
-        handler = self._control_handlers.get(gid)
-        if handler is not None:
-            handler(src, msg)
+        member = self._members.get(gid)
+        if member is not None:
+            member.on_control(src, msg)
         elif gid not in self._control_gone:
             early = self._control_early.get(gid)
             if early is None:
@@ -668,11 +658,11 @@ class Transport(ABC):
         if self.first_loss is None:
             self.first_loss = exc
         self.dead_peers[peer] = exc
-        for cb in list(self._peer_gone_listeners):
-            cb(peer, exc)
+        for member in list(self._members.values()):
+            member.on_peer_gone(peer, exc)
         self.mailbox.fail_peer(peer, exc)
-        for cb in list(self._peer_lost_listeners):
-            cb(peer, exc)
+        for member in list(self._members.values()):
+            member.on_peer_lost(peer, exc)
 
     def _peer_left(self, peer: int, exc: DistNetworkError) -> None:
         """``peer`` left in an orderly way: operations that still need it fail; groups go on."""
@@ -680,8 +670,8 @@ class Transport(ABC):
             return
         exc = self._with_first_loss(exc)
         self.dead_peers[peer] = exc
-        for cb in list(self._peer_gone_listeners):
-            cb(peer, exc)
+        for member in list(self._members.values()):
+            member.on_peer_gone(peer, exc)
         self.mailbox.fail_peer(peer, exc)
 
     def finish_collective(self, key: Key) -> tuple[int, Fingerprint | None] | None:
@@ -710,8 +700,9 @@ class Transport(ABC):
 
     def _key_failed(self, key: Key, exc: BaseException) -> None:
         self.mailbox.fail_key(key, exc)
-        for cb in list(self._key_failed_listeners):
-            cb(key, exc)
+        member = self._members.get(key[0])
+        if member is not None:
+            member.on_key_failed(key, exc)
 
     def _report_mismatch(
         self, src: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None
@@ -757,8 +748,9 @@ class Transport(ABC):
                 f"rank {src} expected {describe_fingerprint(theirs)} but rank {self.rank} sent "
                 f"{describe_fingerprint(ours)} (tag {key[2]})"
             )
-            for cb in list(self._send_refused_listeners):
-                cb(src, key, ours, refused)
+            member = self._members.get(key[0])
+            if member is not None:
+                member.on_send_refused(src, key, ours, refused)
             return
         if key[1] != COLL:
             return  # (see _report_mismatch)

@@ -7,6 +7,7 @@ import asyncio
 
 import numpy as np
 import pytest
+from support.members import StubMember
 from support.worlds import open_world
 
 import aiodist as dist
@@ -112,7 +113,7 @@ async def test_control_of_a_destroyed_group_is_dropped_and_early_control_is_boun
         for gid in range(100, 300):  # a peer (or a stranger with the secret) far ahead: bounded
             t1._control_received(0, _proposal(gid))
         assert len(t1._control_early) <= 64
-        t1.set_control_handler(100, lambda src, msg: seen.append((src, msg.gid)))
+        t1.attach(100, StubMember(on_control=lambda src, msg: seen.append((src, msg.gid))))
         assert seen == [(0, 100)]
 
 

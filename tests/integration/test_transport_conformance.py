@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.members import StubMember
 
 from aiodist.errors import CollectiveMismatchError, DistNetworkError
 from aiodist.transport.base import COLL, P2P, Transport
@@ -163,7 +164,7 @@ async def test_a_control_message_reaches_its_groups_handler(world: Any) -> None:
     query = StateQuery(7, 1, 3, "all_reduce #3", GroupState(4, 0, 0, ()))
     a.send_control(1, query)  # (before its group exists on rank 1: kept for it)
     await asyncio.sleep(0.1)
-    b.set_control_handler(7, handler)
+    b.attach(7, StubMember(on_control=handler))
     await asyncio.wait_for(arrived, 20)
     assert seen == [(0, query)]
 
@@ -172,7 +173,7 @@ async def test_a_crashed_peer_fails_the_receives_waiting_on_it(world: Any) -> No
     a, b = await world()
     waiting = b.recv(0, (0, P2P, 1), _buffer(8))
     lost: list[int] = []
-    b.add_peer_lost_listener(lambda peer, exc: lost.append(peer))
+    b.attach(0, StubMember(on_peer_lost=lambda peer, exc: lost.append(peer)))
     a.abort()
     with pytest.raises(DistNetworkError, match="rank 0"):
         await asyncio.wait_for(waiting, 10)
