@@ -11,8 +11,8 @@ leaders across hosts) where ``select.host_algorithm`` calls for them, the flat d
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, cast
 
 from aiodist import _tensors
 from aiodist.backends.base import Array, Binding, BoundGroup, Gate, Op, Role, TensorOps
@@ -26,7 +26,7 @@ from aiodist.collectives.context import OpContext
 from aiodist.collectives.gather import gather, scatter
 from aiodist.collectives.reduce import reduce
 from aiodist.collectives.reduce_scatter import reduce_scatter
-from aiodist.collectives.steps import Plan, run
+from aiodist.collectives.steps import Plan, Steps, is_steps, run
 from aiodist.ops import ReduceOp
 from aiodist.work import Work
 
@@ -117,9 +117,9 @@ class _NativeBinding:
         plan = algorithm(ctx, op)
         if gate is not None:
             return self.group.track_collective(ctx, _gated(gate, plan), timeout)
-        if isinstance(plan, Generator):
-            return self.group.run_steps(ctx, plan, timeout)
-        return self.group.track_collective(ctx, plan, timeout)
+        if is_steps(plan):
+            return self.group.run_steps(ctx, cast(Steps, plan), timeout)
+        return self.group.track_collective(ctx, cast("Coroutine[Any, Any, None]", plan), timeout)
 
     def complete(self, work: Work) -> Work:
         return work

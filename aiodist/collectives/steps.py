@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any
+from types import GeneratorType
+from typing import Any, cast
 
-__all__ = ["Plan", "Steps", "Stepper", "drive", "no_steps", "run"]
+__all__ = ["Plan", "Steps", "Stepper", "drive", "is_steps", "no_steps", "run"]
 
 #: An algorithm's steps: each item, the futures the next step waits for.
 Steps = Generator[tuple["asyncio.Future[Any]", ...], None, None]
@@ -44,10 +45,16 @@ async def drive(steps: Steps) -> None:
 
 async def run(plan: Plan) -> None:
     """Run ``plan`` from a coroutine (a phase of a larger algorithm, a gated operation)."""
-    if isinstance(plan, Generator):
+    if isinstance(plan, GeneratorType):
         await drive(plan)
     else:
-        await plan
+        await cast("Coroutine[Any, Any, None]", plan)  # (GeneratorType does not narrow a Plan)
+
+
+def is_steps(plan: Plan) -> bool:
+    """Whether ``plan`` is steps (else a coroutine). A plain type check: an ``isinstance`` of
+    ``collections.abc.Generator`` costs several calls, on every operation."""
+    return type(plan) is GeneratorType
 
 
 class Stepper:
