@@ -442,11 +442,9 @@ class ProcessGroup:
         elif op.stepper is not None:  # (as a task's cancellation: take no more steps, abandon)
             if op.stepper.over:
                 return  # its end is being concluded (``_steps_ended``), which decides its outcome
-            if op.error is None:
-                op.error = err
             op.stepper.stop()
-            self._abandon(op, op.error)
-            fut.set_exception(op.error)
+            self._abandon(op, err)
+            fut.set_exception(err)
         else:
             fut.set_exception(err)
 

@@ -20,7 +20,7 @@ from aiodist.collectives import hostaware, select
 from aiodist.collectives.allgather import allgather
 from aiodist.collectives.allreduce import allreduce
 from aiodist.collectives.alltoall import alltoall
-from aiodist.collectives.barrier import barrier
+from aiodist.collectives.barrier import barrier_steps
 from aiodist.collectives.broadcast import broadcast
 from aiodist.collectives.context import OpContext
 from aiodist.collectives.gather import gather, scatter
@@ -72,7 +72,7 @@ def algorithm(ctx: OpContext, op: Op) -> Plan:
                 return hostaware.reduce_scatter(ctx, out[0], list(inp), rop, how)
     match op.kind:
         case "barrier":
-            return barrier(ctx)
+            return barrier_steps(ctx)
         case "broadcast":
             return broadcast(ctx, out[0], op.root)
         case "all_reduce":

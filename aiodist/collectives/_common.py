@@ -88,11 +88,8 @@ async def reduce_into(op: ReduceOp, acc: Array, other: Array) -> None:
     """``acc = acc (op) other``; above a size threshold in a worker thread (numpy drops the GIL),
     so the event loop keeps reading sockets while a large segment is reduced, when the host
     has a core to spare (``select.offload_reduction``)."""
-    if select.offload_reduction(acc.nbytes):
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, reduce_inplace, op, acc, other)
-    else:
-        reduce_inplace(op, acc, other)
+    if (w := reduce_soon(op, acc, other)) is not None:
+        await w
 
 
 def reduce_soon(op: ReduceOp, acc: Array, other: Array) -> asyncio.Future[None] | None:
@@ -116,13 +113,8 @@ def finalize_soon(op: ReduceOp, arr: Array, count: int) -> asyncio.Future[None] 
 
 async def finalize(op: ReduceOp, arr: Array, count: int) -> None:
     """AVG: divide by ``count`` (off the loop when large); other ops: nothing."""
-    if op is not ReduceOp.AVG or count == 1 or not arr.size:
-        return
-    if select.offload_reduction(arr.nbytes):
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, finalize_inplace, op, arr, count)
-    else:
-        finalize_inplace(op, arr, count)
+    if (w := finalize_soon(op, arr, count)) is not None:
+        await w
 
 
 async def wait_all(aws: Iterable[Awaitable[Any]]) -> None:

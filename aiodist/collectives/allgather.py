@@ -15,7 +15,7 @@ this rank's own block.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from aiodist.collectives._common import Array, bounds, bv, check_size, copy_into
 from aiodist.collectives.context import OpContext
 from aiodist.collectives.steps import Plan, Steps
 
-__all__ = ["allgather", "bruck_allgather_steps", "check_allgather", "checked", "ring_allgather"]
+__all__ = ["allgather", "bruck_allgather_steps", "check_allgather", "ring_allgather"]
 
 
 def allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> Plan:
@@ -35,30 +35,21 @@ def allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> Plan:
     n = ctx.size
     equal = all(b.size == inp.size for b in blocks)
     if n > 1 and equal and select.allgather_algorithm(inp.nbytes, n) == "bruck":
-        return checked(bruck_allgather_steps, ctx, blocks, inp)
+        return bruck_allgather_steps(ctx, blocks, inp)
     return ring_allgather(ctx, blocks, inp)
 
 
 def check_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
-    """One output block per rank, ours ``inp``'s size (every form of all_gather checks this)."""
+    """One output block per rank, ours ``inp``'s size. Every form of all_gather checks this first,
+    inside the operation (a generator's first step, a coroutine's first line): a bad call fails
+    its Work, as any other failure of the operation."""
     check_size("all_gather output list length", len(blocks), ctx.size)
     check_size("all_gather own block", blocks[ctx.rank].size, inp.size)
 
 
-def checked(
-    steps: Callable[[OpContext, Sequence[Array], Array], Steps],
-    ctx: OpContext,
-    blocks: Sequence[Array],
-    inp: Array,
-) -> Steps:
-    """``steps`` after ``check_allgather``, which runs in the first step: a failed check is the
-    operation's failure, as it is in a coroutine."""
-    check_allgather(ctx, blocks, inp)
-    yield from steps(ctx, blocks, inp)
-
-
 def bruck_allgather_steps(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> Steps:
     """Bruck's all_gather as steps (``aiodist.collectives.steps``)."""
+    check_allgather(ctx, blocks, inp)
     n, r, b = ctx.size, ctx.rank, inp.size
     tmp = np.empty(n * b, dtype=inp.dtype)
     tmp[:b] = inp

@@ -9,15 +9,11 @@ have arrived. ceil(log2 n) rounds, n messages per round, no root to queue on.
 from __future__ import annotations
 
 from aiodist.collectives.context import OpContext
-from aiodist.collectives.steps import Plan, Steps
+from aiodist.collectives.steps import Steps
 
-__all__ = ["barrier", "barrier_steps"]
+__all__ = ["barrier_steps"]
 
 _EMPTY = memoryview(bytearray(0))
-
-
-def barrier(ctx: OpContext) -> Plan:
-    return barrier_steps(ctx)
 
 
 def barrier_steps(ctx: OpContext) -> Steps:

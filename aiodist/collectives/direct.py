@@ -43,6 +43,7 @@ from aiodist.collectives._common import (
     reduce_into,
     wait_all,
 )
+from aiodist.collectives.allgather import check_allgather
 from aiodist.collectives.context import OpContext
 from aiodist.collectives.steps import Steps
 from aiodist.ops import ReduceOp
@@ -61,9 +62,8 @@ def direct_broadcast_steps(ctx: OpContext, arr: Array, root: int) -> Steps:
 
 def direct_allgather_steps(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> Steps:
     """Every rank sends its block to every other at once (steps: ``aiodist.collectives.steps``)."""
+    check_allgather(ctx, blocks, inp)
     n, r = ctx.size, ctx.rank
-    check_size("all_gather output list length", len(blocks), n)
-    check_size("all_gather own block", blocks[r].size, inp.size)
     recvs = [ctx.recv((r - k) % n, bv(blocks[(r - k) % n])) for k in range(1, n)]
     sends = [ctx.send((r + k) % n, bv(inp)) for k in range(1, n)]
     copy_into(blocks[r], inp)

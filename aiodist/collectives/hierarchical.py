@@ -172,6 +172,7 @@ async def hierarchical_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: in
 
 
 async def hierarchical_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
+    _allgather.check_allgather(ctx, blocks, inp)
     hosts = _hosts(ctx)
     r = ctx.rank
     h = hosts.host_of[r]
@@ -239,7 +240,7 @@ async def hierarchical_barrier(ctx: OpContext) -> None:
         await ctx.recv(leader, memoryview(bytearray(0)))
         return
     await wait_all([ctx.recv(g, memoryview(bytearray(0))) for g in local[1:]])
-    await run(_barrier.barrier(ctx.sub(hosts.leaders)))
+    await drive(_barrier.barrier_steps(ctx.sub(hosts.leaders)))
     await wait_all([ctx.send(g, _EMPTY) for g in local[1:]])
 
 
@@ -272,6 +273,7 @@ async def host_ordered_reduce(ctx: OpContext, arr: Array, op: ReduceOp, root: in
 
 
 async def host_ordered_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
+    _allgather.check_allgather(ctx, blocks, inp)  # (before the blocks are put in host order)
     order = host_order(_hosts(ctx))
     await _allgather.ring_allgather(ctx.sub(order), [blocks[g] for g in order], inp)
 
@@ -368,6 +370,7 @@ async def two_level_allreduce(ctx: OpContext, arr: Array, op: ReduceOp) -> None:
 
 
 async def two_level_allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array) -> None:
+    _allgather.check_allgather(ctx, blocks, inp)
     hosts = _hosts(ctx)
     local, i, lane = _lane(hosts, ctx.rank)
     chunks = _chunks(inp.nbytes * ctx.size)

@@ -12,12 +12,10 @@ on one host (2 ranks)"), which is how one sees which path a job took.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from aiodist.collectives import direct, hierarchical, select
 from aiodist.collectives._common import Array
-from aiodist.collectives.allgather import check_allgather
 from aiodist.collectives.context import OpContext
 from aiodist.collectives.steps import Plan
 from aiodist.ops import ReduceOp
@@ -54,29 +52,20 @@ def broadcast(ctx: OpContext, arr: Array, root: int, how: str) -> Plan:
 
 
 def allgather(ctx: OpContext, blocks: Sequence[Array], inp: Array, how: str) -> Plan:
+    # (each form checks the blocks first, inside the operation: ``check_allgather``)
     if how == "direct":
         _note(ctx, "all_gather", how)
-        return direct.direct_allgather_steps(ctx, blocks, inp)  # (it checks the blocks itself)
+        return direct.direct_allgather_steps(ctx, blocks, inp)
     if how == select.TWO_LEVEL and all(b.size == inp.size for b in blocks):
         _note(ctx, "all_gather", how)
-        return _checked_task(hierarchical.two_level_allgather, ctx, blocks, inp)
+        return hierarchical.two_level_allgather(ctx, blocks, inp)
     # Blocks may differ in size (all_gather_object): choose by what is equal on every rank.
     # (Two levels were chosen from the ring's switch point, so blocks of different sizes ring.)
     if select.allgather_algorithm(max((b.nbytes for b in blocks), default=0), ctx.size) == "ring":
         _note(ctx, "all_gather", HOST_ORDERED)
-        return _checked_task(hierarchical.host_ordered_allgather, ctx, blocks, inp)
+        return hierarchical.host_ordered_allgather(ctx, blocks, inp)
     _note(ctx, "all_gather", how)
-    return _checked_task(hierarchical.hierarchical_allgather, ctx, blocks, inp)
-
-
-async def _checked_task(
-    form: Callable[[OpContext, Sequence[Array], Array], Coroutine[Any, Any, None]],
-    ctx: OpContext,
-    blocks: Sequence[Array],
-    inp: Array,
-) -> None:
-    check_allgather(ctx, blocks, inp)  # (in the operation: a failed check is its failure)
-    await form(ctx, blocks, inp)
+    return hierarchical.hierarchical_allgather(ctx, blocks, inp)
 
 
 def reduce_scatter(ctx: OpContext, out: Array, blocks: Sequence[Array], op: ReduceOp, how: str) -> Plan:

@@ -23,6 +23,8 @@ from collections.abc import Callable, Coroutine, Generator
 from types import GeneratorType
 from typing import Any, cast
 
+from aiodist.collectives._common import wait_all
+
 __all__ = ["Plan", "Steps", "Stepper", "drive", "is_steps", "no_steps", "run"]
 
 #: An algorithm's steps: each item, the futures the next step waits for.
@@ -39,8 +41,7 @@ def no_steps() -> Steps:
 async def drive(steps: Steps) -> None:
     """Run ``steps`` from a coroutine: await each step's futures in order."""
     for waits in steps:
-        for w in waits:
-            await w
+        await wait_all(waits)
 
 
 async def run(plan: Plan) -> None:

@@ -400,3 +400,25 @@ async def test_blocks_either_side_of_a_switch_point_agree_on_the_algorithm(layou
     res = await run(4, layout, fn)
     want = [b"x" * (big * 2 if r % 2 else 16) for r in range(4)]
     assert all(r == want for r in res)
+
+
+@pytest.mark.parametrize("layout", ["one-host-direct", "pairs", "pairs-shm", "one-per-host"])
+async def test_every_all_gather_form_refuses_a_wrong_block_list_in_its_work(layout: str, algo: str) -> None:
+    """The planner only chooses; each form checks its blocks first, inside the operation: a
+    list one block short fails the Work with the size error (never an IndexError, never a raise
+    at the call), on every form the layout and the size switch pick."""
+    from aiodist.backends.base import Op
+    from aiodist.backends.native import algorithm
+    from aiodist.collectives.steps import run as run_plan
+
+    async def fn(g: ProcessGroup) -> str:
+        inp = np.full(8, g.rank, np.float32)
+        short = [np.zeros(8, np.float32) for _ in range(g.size - 1)]
+        op = Op("all_gather", outputs=tuple(short), inputs=(inp,))
+        work = g.run_collective("all_gather", lambda ctx: run_plan(algorithm(ctx, op)), count=8)
+        with pytest.raises(dist.DistValueError) as info:
+            await work
+        return str(info.value)
+
+    for msg in await run(4, layout, fn):
+        assert "all_gather output list length" in msg, msg
