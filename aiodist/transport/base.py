@@ -23,7 +23,7 @@ import itertools
 import sys
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from aiodist.errors import CollectiveMismatchError, DistError, DistNetworkError, GroupOutOfStepError
@@ -768,7 +768,7 @@ class Transport(ABC):
         messages; empty when nothing is."""
         return ""
 
-    def check_peer(self, peer: int) -> None:
+    def _check_peer(self, peer: int) -> None:
         """Raise the recorded error if ``peer`` is known to be gone."""
         if peer in self.dead_peers:
             raise self.dead_peers[peer]
@@ -782,23 +782,7 @@ class Transport(ABC):
     def abort(self) -> None:
         """Close every connection at once."""
 
-    def peers(self) -> Sequence[int]:
-        return [r for r in range(self.world_size) if r != self.rank]
-
     # -- where the peers are (for host-aware algorithms) ---------------------------------
     def local_peers(self) -> list[int]:
         """Peers whose data messages travel through shared memory with this rank (both ways)."""
         return []
-
-    def shares_memory_with(self, peer: int) -> bool:
-        """Whether data messages with ``peer`` travel through shared memory (both ways)."""
-        return peer in self.local_peers()
-
-    def host_of(self, peer: int) -> str | None:
-        """``peer``'s host identity (``aiodist.runtime.host.host_id`` there), if known.
-
-        A view of ``host_keys``, the one host map (agreed at rendezvous, equal on every rank):
-        None before the rendezvous, or where the transport knows no hosts.
-        """
-        keys = self.host_keys
-        return keys[peer] if keys is not None else None

@@ -51,7 +51,7 @@ from aiodist.settings import Settings
 from aiodist.store import Store
 from aiodist.store.base import StoreShutDownError
 from aiodist.transport.base import Transport
-from aiodist.transport.tcp import TcpTransport
+from aiodist.transport.shm_tcp import ShmTcpTransport
 
 __all__ = ["Identity", "claim_rank", "connect_mesh", "namespace"]
 
@@ -320,7 +320,7 @@ async def connect_mesh(
     host: str,
     timeout: float,
     settings: Settings,
-) -> TcpTransport:
+) -> ShmTcpTransport:
     """Connect this rank to every other rank of the job; returns the ready transport.
 
     While it waits, a warning every ``AIODIST_RENDEZVOUS_LOG_INTERVAL`` seconds (30) says who
@@ -386,7 +386,7 @@ async def _connect_mesh(
     deadline: _Deadline,
     seen: _Seen,
     unconnected: set[int],
-) -> TcpTransport:
+) -> ShmTcpTransport:
     group_name, secret, host, settings = how
     try:
         mode = settings.checked_host_algos()  # before connecting: a bad value fails every rank at once
@@ -399,7 +399,7 @@ async def _connect_mesh(
     except DistTimeoutError:
         raise _missing_error(seen, world_size, deadline) from None
     job = f"{group_name}/{(await store.get('job')).decode()}"
-    transport = TcpTransport(rank, world_size, job=job, secret=secret, settings=settings)
+    transport = ShmTcpTransport(rank, world_size, job=job, secret=secret, settings=settings)
     try:
         port = await transport.listen(host)
         await store.set(f"addr/{rank}", f"{host}:{port}")
@@ -531,13 +531,16 @@ async def _lower_addresses(
 
 
 async def _connect_lower(
-    addrs: asyncio.Future[dict[int, tuple[str, int]]], transport: TcpTransport, peer: int, deadline: _Deadline
+    addrs: asyncio.Future[dict[int, tuple[str, int]]],
+    transport: ShmTcpTransport,
+    peer: int,
+    deadline: _Deadline,
 ) -> None:
     host, port = (await asyncio.shield(addrs))[peer]
     await transport.connect(peer, host, port, max(deadline.left(), 0.001))
 
 
-async def _accept_higher(transport: TcpTransport, peer: int, deadline: _Deadline) -> None:
+async def _accept_higher(transport: ShmTcpTransport, peer: int, deadline: _Deadline) -> None:
     try:
         await asyncio.wait_for(asyncio.shield(transport.expect(peer)), max(deadline.left(), 0.001))
     except TimeoutError:

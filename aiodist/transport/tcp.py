@@ -31,6 +31,10 @@ A peer whose host stops answering (a cut link, a host that lost power: no FIN or
 comes) is lost once its host has acknowledged nothing for ``AIODIST_LINK_TIMEOUT`` seconds
 (60 by default; ``link_watch``), and every receive waiting on it fails naming the rank. A
 peer that is merely slow or stopped still acknowledges (its kernel does): it is not lost so.
+
+This transport knows one path, its sockets. A subclass may add a faster path to some peers
+whose signals these connections carry (``shm_tcp``: shared memory between ranks of one host):
+it overrides the few methods marked as that seam below.
 """
 
 from __future__ import annotations
@@ -45,11 +49,9 @@ from collections import deque
 from typing import Any, cast
 
 from aiodist.errors import DistError, DistNetworkError, DistTimeoutError
-from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.settings import Settings
 from aiodist.transport.base import DISCARD, Fingerprint, Key, PendingRecv, Transport
 from aiodist.transport.link_watch import LinkWatch
-from aiodist.transport.shm import SETUP_TIMEOUT, ShmPaths
 from aiodist.wire.control import Control, Goodbye
 from aiodist.wire.frames import PAUSE, SKIP, FrameReader, Limits, ProtocolError, encode_frame
 from aiodist.wire.handshake import (
@@ -70,13 +72,12 @@ from aiodist.wire.messages import (
     ControlFrame,
     Data,
     Mismatch,
-    ShmFrame,
+    PeerMessage,
     Verdict,
     encode_data,
 )
 from aiodist.wire.messages import decode as decode_message
 from aiodist.wire.messages import encode as encode_message
-from aiodist.wire.shm import ShmBell, ShmMessage
 
 __all__ = ["TcpTransport"]
 
@@ -93,7 +94,6 @@ PEER_HANDSHAKE_LIMITS = Limits(
 )
 _HANDSHAKE_SCRATCH = 4096
 _EMPTY = memoryview(b"")
-_BELL_FRAME = encode_message(ShmFrame(ShmBell()))  # the doorbell of shared memory, sent often
 _DELIVER = encode_message(Verdict(True))
 _WITHDRAW = encode_message(Verdict(False))
 _DATA_SCRATCH = 256 * 1024
@@ -363,8 +363,7 @@ class _PeerProtocol(asyncio.BufferedProtocol):
             msg = decode_message(header, nbytes)
         except ProtocolError as exc:
             raise ProtocolError(f"{exc} from rank {self.peer}") from None
-        # What the peer wrote to shared memory before this frame comes before it.
-        self.owner._shm.drain_from(self.peer)
+        self.owner._before_frame(self.peer)
         if self._undecided_at and type(msg) is not Verdict:
             raise ProtocolError(
                 f"rank {self.peer} sent {type(msg).__name__} where the verdict on its pending message was due"
@@ -375,9 +374,6 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self._pending = False
         if type(msg) is Verdict:
             self._decide(msg.deliver)
-        elif type(msg) is ShmFrame:
-            self.owner._shm.message(self.peer, msg.message)
-            return None
         elif type(msg) is Mismatch:
             self.owner._mismatch_reported(self.peer, msg.key, msg.sent, msg.want)
         elif type(msg) is Abort:
@@ -385,8 +381,11 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         elif type(msg) is Bye:
             self.departed = True
             self.goodbye = msg.goodbye
-        elif type(msg) is ControlFrame and not self.owner._closing:
-            self.owner._control_received(self.peer, msg.control)
+        elif type(msg) is ControlFrame:
+            if not self.owner._closing:
+                self.owner._control_received(self.peer, msg.control)
+        else:
+            self.owner._path_message(self.peer, msg)
         return None
 
     def _on_data(self, msg: Data, nbytes: int) -> memoryview | None:
@@ -635,20 +634,6 @@ class TcpTransport(Transport):
         self.mailbox.on_drain = self._schedule_retry
         self.mailbox.on_post = self._schedule_retry
         self.port = 0
-        self._shm = ShmPaths(
-            rank,
-            self.loop,
-            self.mailbox,
-            job,
-            self.settings,
-            send_frame=self._send_shm_frame,
-            room_for=self._room_for,
-            reserve=self._reserve,
-            closing=lambda: self._closing,
-            broken=self._shm_broken,
-        )
-        if self._shm.enabled:
-            _busy_poll.for_loop(self.loop).add_source(self._shm)
 
     # -- setup ------------------------------------------------------------------------
     async def listen(self, host: str, port: int = 0) -> int:
@@ -716,7 +701,7 @@ class TcpTransport(Transport):
         self._peers[proto.peer] = proto
         if proto.transport is not None:
             self._links.add(proto.peer, proto.transport.get_extra_info("socket"))
-        self._shm.connected(proto.peer)
+        self._peer_connected(proto.peer)
         fut = self._arrivals.get(proto.peer)
         if fut is None:
             self._arrivals[proto.peer] = fut = self.loop.create_future()
@@ -729,7 +714,7 @@ class TcpTransport(Transport):
     ) -> asyncio.Future[None]:
         proto = self._peers.get(dst)
         if proto is None:
-            self.check_peer(dst)
+            self._check_peer(dst)
             raise DistNetworkError(f"rank {self.rank} has no connection to rank {dst}")
         if dst in self.dead_peers:
             raise self.dead_peers[dst]
@@ -737,10 +722,7 @@ class TcpTransport(Transport):
             # (an operation abandoned here, still running until it is failed: nothing more of
             # it leaves this rank, and its send stays pending until then)
             return self.loop.create_future()
-        link = self._shm.link_to(dst)
-        if link is not None:
-            return link.send(key, payload, fp)
-        return proto.write_data(key, fp, payload)
+        return self._write_data(proto, key, payload, fp)
 
     def _send_mismatch(self, dst: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
         proto = self._peers.get(dst)
@@ -766,42 +748,34 @@ class TcpTransport(Transport):
             return
         proto.write_message(encode_message(ControlFrame(msg)))
 
-    # -- shared memory ------------------------------------------------------------------
-    async def shm_settled(self, timeout: float = SETUP_TIMEOUT) -> None:
-        """Wait (at most ``timeout`` s) until every peer's shared-memory setup has concluded;
-        a setup still under way after it goes on in the background (TCP carries data meanwhile)."""
-        self._shm.expect(list(self._peers))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._shm.settled), timeout)
+    # -- the seam for another path (see the module docstring): what a subclass overrides ----
+    def _peer_connected(self, peer: int) -> None:
+        """The handshake with ``peer`` completed (before anybody waiting for it hears so)."""
 
-    def local_peers(self) -> list[int]:
-        return self._shm.local_peers()
+    def _write_data(
+        self, proto: _PeerProtocol, key: Key, payload: memoryview, fp: Fingerprint | None
+    ) -> asyncio.Future[None]:
+        """Send a data message to ``proto``'s peer, on its connection here."""
+        return proto.write_data(key, fp, payload)
 
-    @property
-    def host_id(self) -> str:
-        """This rank's host identity (``aiodist.runtime.host.host_id``)."""
-        return self._shm.host
+    def _before_frame(self, peer: int) -> None:
+        """A frame of ``peer`` is about to be handled: what it sent by another path first comes
+        first."""
 
-    @property
-    def shm_bytes(self) -> tuple[int, int]:
-        """Payload bytes sent and received through shared memory so far."""
-        return self._shm.bytes_sent, self._shm.bytes_received
+    def _path_message(self, peer: int, msg: PeerMessage) -> None:
+        """A message of another path that ``peer``'s connection carried (none here: ignored)."""
 
-    def _send_shm_frame(self, dst: int, msg: ShmMessage) -> None:
-        proto = self._peers.get(dst)
-        # (once leaving, nothing more: the stream is half-closed after our goodbye)
-        if proto is None or proto.transport is None or proto.transport.is_closing() or self._closing:
-            return
-        frame = _BELL_FRAME if isinstance(msg, ShmBell) else encode_message(ShmFrame(msg))
-        proto.write_message(frame)
+    def _paths_wait(self) -> bool:
+        """Does another path wait for a receive to be posted or for room under the cap?"""
+        return False
 
-    def _reserve(self, nbytes: int) -> None:
-        self._incoming += nbytes
+    def _capped(self) -> list[tuple[int, int]]:
+        """(peer, bytes needed) of the peers whose next message waits for room under the cap."""
+        # (not those merely parked: they wait a moment for their receive, not for room)
+        return [(p.peer, p._deferred_bytes) for p in self._deferred if p._deferred_bytes]
 
-    def _shm_broken(self, peer: int, why: str) -> None:
-        proto = self._peers.get(peer)
-        if proto is not None:
-            proto._poison(ProtocolError(why))
+    def _close_paths(self, exc: DistNetworkError) -> None:
+        """The transport is closing: fail what another path still holds with ``exc``."""
 
     # -- backpressure -------------------------------------------------------------------
     def _room_for(self, nbytes: int) -> bool:
@@ -810,14 +784,13 @@ class TcpTransport(Transport):
         return mailbox.unexpected_bytes + self._incoming + nbytes <= mailbox.unexpected_cap
 
     def _schedule_retry(self) -> None:
-        if (self._deferred or self._shm.stalled) and not self._retry_scheduled:
+        if (self._deferred or self._paths_wait()) and not self._retry_scheduled:
             self._retry_scheduled = True
             self.loop.call_soon(self._retry_deferred)
 
     def _retry_deferred(self) -> None:
         """A receive was posted or held memory freed: look again at the paused messages."""
         self._retry_scheduled = False
-        self._shm.retry()
         for proto in list(self._deferred):
             self._deferred.discard(proto)
             transport = proto.transport
@@ -835,26 +808,19 @@ class TcpTransport(Transport):
         super().abandon(key)
         for proto in self._peers.values():
             proto.abandon(key)
-        self._shm.abandon(key)
         self._schedule_retry()  # a paused message may belong to the abandoned operation
 
     def cancel_recv(self, fut: asyncio.Future[int]) -> None:
         super().cancel_recv(fut)
         for proto in self._peers.values():
             proto.release_receive(fut)
-        self._shm.release_receive(fut)
 
     def cancel_send(self, dst: int, fut: asyncio.Future[None]) -> bool:
-        link = self._shm.links.get(dst)
-        if link is not None and link.withdraw(fut):
-            return True
         proto = self._peers.get(dst)
         return proto is not None and proto.withdraw(fut)
 
     def stall_note(self) -> str:
-        # (not those merely parked: they wait a moment for their receive, not for room)
-        capped = [(p.peer, p._deferred_bytes) for p in self._deferred if p._deferred_bytes]
-        capped += self._shm.capped()
+        capped = self._capped()
         if not capped:
             return ""
         ranks = sorted({peer for peer, _ in capped})
@@ -882,19 +848,13 @@ class TcpTransport(Transport):
         del self._peers[proto.peer]
         self._links.remove(proto.peer)
         if self.closed or self._closing:
-            closed = DistNetworkError(f"rank {self.rank}: transport closed")
-            proto.fail_matched(closed)
-            self._shm.peer_gone(proto.peer, closed)
+            self._lose(proto, DistNetworkError(f"rank {self.rank}: transport closed"), "closed")
             return
         cause = self._poisoned.get(proto.peer)
         if proto.departed and cause is None:
             # An orderly leave: fail what still needs this rank, but do not break the groups;
             # the other ranks may go on among themselves (torch's tutorial programs do).
-            left = DistNetworkError(proto.goodbye.describe(proto.peer))
-            self._shm.drain_departed(proto.peer)  # (what it sent first: see ShmPaths.peer_gone)
-            self._peer_left(proto.peer, left)
-            proto.fail_matched(left)
-            self._shm.peer_gone(proto.peer, left)
+            self._lose(proto, DistNetworkError(proto.goodbye.describe(proto.peer)), "left")
             return
         if cause is not None:
             err = DistNetworkError(f"connection to rank {proto.peer} was dropped: {cause}")
@@ -917,10 +877,16 @@ class TcpTransport(Transport):
                 "(killed or crashed, or it ended without leaving the job)" + (f" ({exc})" if exc else "")
             )
         err.__cause__ = cause or exc
-        self._shm.drain_departed(proto.peer)
-        self._peer_lost(proto.peer, err)  # (its groups fail their operations with it, naming them)
+        self._lose(proto, err, "lost")
+
+    def _lose(self, proto: _PeerProtocol, err: DistNetworkError, how: str) -> None:
+        """``proto``'s peer is gone (``how``: "closed" by us, "left" in order, or "lost"): fail
+        what waits on it; a lost peer's groups fail their operations with ``err``, naming it."""
+        if how == "left":
+            self._peer_left(proto.peer, err)
+        elif how == "lost":
+            self._peer_lost(proto.peer, err)
         proto.fail_matched(err)
-        self._shm.peer_gone(proto.peer, err)
 
     # -- lifetime -----------------------------------------------------------------------
     async def aclose(self) -> None:
@@ -961,8 +927,7 @@ class TcpTransport(Transport):
             self._server.close()
         exc = DistNetworkError(f"rank {self.rank}: transport closed")
         self._links.close()
-        self._shm.close(exc)
-        _busy_poll.for_loop(self.loop).remove_source(self._shm)
+        self._close_paths(exc)
         self.mailbox.fail_all(exc)
         for proto in list(self._peers.values()):
             if proto.transport is not None:

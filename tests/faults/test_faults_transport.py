@@ -61,13 +61,6 @@ async def make_mesh(
     return ts
 
 
-@pytest.fixture(autouse=True)
-def _tcp_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These are faults of the TCP transport itself (its reader, pauses, frames): no shared
-    memory between these in-process transports (tests/integration/test_shm.py has its own)."""
-    monkeypatch.setenv("AIODIST_SHM", "0")
-
-
 @pytest.fixture
 async def mesh2() -> AsyncIterator[list[TcpTransport]]:
     ts = await make_mesh(2)

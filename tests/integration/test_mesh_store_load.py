@@ -18,7 +18,7 @@ from aiodist.store import PrefixStore, Store
 from aiodist.store.base import Timeout, Value
 from aiodist.store.memory import HashStore
 from aiodist.transport.mesh import claim_rank, connect_mesh
-from aiodist.transport.tcp import TcpTransport
+from aiodist.transport.shm_tcp import ShmTcpTransport
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -73,7 +73,7 @@ async def _join_all(world_size: int) -> list[Counter[str]]:
     settings = Settings.read({"AIODIST_SHM": "0"})
     views = [CountingStore(shared) for _ in range(world_size)]
 
-    async def join(rank: int) -> TcpTransport:
+    async def join(rank: int) -> ShmTcpTransport:
         me = await claim_rank(views[rank], rank, world_size, settings)
         return await connect_mesh(
             views[rank],

@@ -49,9 +49,9 @@ async def _where(rank: int, size: int, host_ids: list[str] | None, patch_dir: st
     t = _transport()
     out = {
         "local": t.local_peers(),
-        "hosts": {p: t.host_of(p) for p in range(size) if p != rank},
+        "hosts": {p: t.host_keys[p] for p in range(size) if p != rank},
         "me": t.host_id,
-        "shares": [t.shares_memory_with(p) for p in range(size)],
+        "shares": [p in t.local_peers() for p in range(size)],
         "ok": await _check_ops(rank, size),
     }
     out["shm_bytes"] = t.shm_bytes
@@ -284,9 +284,9 @@ def test_mismatch_is_caught_over_shared_memory() -> None:
 
 
 async def _mesh(n: int, cap: int) -> list[Any]:
-    from aiodist.transport.tcp import TcpTransport
+    from aiodist.transport.shm_tcp import ShmTcpTransport
 
-    ts = [TcpTransport(r, n, job="shm-test", secret=b"s") for r in range(n)]
+    ts = [ShmTcpTransport(r, n, job="shm-test", secret=b"s") for r in range(n)]
     for t in ts:
         t.mailbox.unexpected_cap = cap
     ports = [await t.listen("127.0.0.1") for t in ts]
