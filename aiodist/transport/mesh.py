@@ -12,10 +12,12 @@ The store protocol (all keys under the job's prefix)::
     job                   a random id set by rank 0; part of every peer handshake, so a
                           connection from another job (or an earlier init) is refused
     addr/<rank>           host:port where <rank> accepts peers
+    roster                every rank's host id (from the claimants' identities), machine and
+                          address (JSON), set by rank 0 once every rank published its address
     local/<rank>          the peers <rank> reaches through shared memory, set once it is connected
-    hosts                 every rank's host id (from the claimants' identities) and whether it reaches
-                          every other rank of its host through shared memory (JSON), set by rank 0
-                          from the keys above: the one host map all ranks use
+    hosts                 whether each rank reaches every other rank of its host through shared
+                          memory (JSON), set by rank 0 from the keys above; with the roster, the
+                          one host map all ranks use
     hosts/read/<rank>     <rank> has read the host map (rank 0 waits for every one before it returns)
 
 Which prefix an init uses in the store (``namespace``)::
@@ -26,9 +28,12 @@ Which prefix an init uses in the store (``namespace``)::
     aiodist/<group>/namespaces    rank 0's count, for stores that outlive an init (the user's own)
     aiodist/<group>/arrivals      ranks assigned on arrival count arrivals, world_size per init
 
-Rank r connects to every rank below it and accepts every rank above it: one connection
-per pair. Every wait is bounded by the rendezvous deadline and watches the ``error`` key,
-so a broken rendezvous fails everywhere at once instead of timing out.
+Rank r connects to every rank of its host below it and accepts every one above it before init
+returns (the ranks of a host agree on shared memory at init); the ranks of other hosts are
+connected on first use (``TcpTransport.dial_on_use``), so that a job of many hosts opens the
+connections its operations need, not one per pair of ranks. Every wait is bounded by the
+rendezvous deadline and watches the ``error`` key, so a broken rendezvous fails everywhere at
+once instead of timing out.
 """
 
 from __future__ import annotations
@@ -403,33 +408,37 @@ async def _connect_mesh(
     try:
         port = await transport.listen(host)
         await store.set(f"addr/{rank}", f"{host}:{port}")
-        # The store is asked a constant number of times per rank, whatever the world size: the
-        # lower ranks' addresses in one wait and one read, and one watch for a failure elsewhere
-        # (rank 0 usually hosts the store on the loop it connects on).
-        addrs = asyncio.ensure_future(_lower_addresses(store, rank, deadline, seen))
-        tasks = [
-            asyncio.ensure_future(_connect_lower(addrs, transport, peer, deadline)) for peer in range(rank)
-        ]
-        tasks += [
-            asyncio.ensure_future(_accept_higher(transport, peer, deadline))
-            for peer in range(rank + 1, world_size)
-        ]
-        peers = [p for p in range(world_size) if p != rank]
-        for peer, task in zip(peers, tasks, strict=True):
-            task.add_done_callback(_on_connected(unconnected, peer))
+        tasks: list[asyncio.Future[None]] = []
         try:
-            await _unless_failed_elsewhere(store, asyncio.gather(addrs, *tasks), seen)
+            # The store is asked a constant number of times per rank, whatever the world size:
+            # the roster in one wait and one read, and one watch for a failure elsewhere (rank 0
+            # usually hosts the store on the loop it connects on).
+            roster = await _roster(store, rank, world_size, deadline, seen)
+            transport.dial_on_use(roster.address)
+            local = [p for p in range(world_size) if p != rank and roster.keys[p] == roster.keys[rank]]
+            unconnected.intersection_update(local)
+            for peer in local:
+                if peer < rank:
+                    where = roster.address(peer)
+                    task = asyncio.ensure_future(transport.connect(peer, *where, max(deadline.left(), 0.001)))
+                else:
+                    task = asyncio.ensure_future(_accept_higher(transport, peer, deadline))
+                task.add_done_callback(_on_connected(unconnected, peer))
+                tasks.append(task)
+            await _unless_failed_elsewhere(store, asyncio.gather(*tasks), seen)
             # Ranks of one host agree on shared memory before the first operation (bounded).
             await transport.shm_settled()
             log.info(
-                "aiodist: rank %d connected with its %d peer(s) in %.2f s; it listens on %s:%d",
+                "aiodist: rank %d connected with the %d peer(s) of its host in %.2f s (the %d of "
+                "other hosts on first use); it listens on %s:%d",
                 rank,
-                len(peers),
+                len(local),
                 deadline.timeout - deadline.left(),
+                world_size - 1 - len(local),
                 host,
                 port,
             )
-            await _agree_hosts(store, transport, deadline, seen, mode)
+            await _agree_hosts(store, transport, roster, deadline, seen, mode)
         except DistTimeoutError:
             raise _missing_error(seen, world_size, deadline) from None
         except DistStoreError as exc:
@@ -439,7 +448,6 @@ async def _connect_mesh(
                 raise _missing_error(seen, world_size, deadline) from exc
             raise
         finally:
-            addrs.cancel()
             for t in tasks:
                 t.cancel()
         return transport
@@ -453,23 +461,75 @@ async def _connect_mesh(
         raise
 
 
+@dataclass(frozen=True)
+class _Roster:
+    """Every rank's host key, machine and address, as rank 0 read them (equal on every rank)."""
+
+    keys: tuple[str, ...]
+    machines: tuple[str, ...]
+    addrs: tuple[tuple[str, int], ...]
+
+    def address(self, peer: int) -> tuple[str, int]:
+        return self.addrs[peer]
+
+
+async def _roster(store: Store, rank: int, world_size: int, deadline: _Deadline, seen: _Seen) -> _Roster:
+    """Rank 0 reads every rank's identity and address once all published theirs and publishes
+    them as one key; every rank reads that key: two requests per rank, whatever the world size."""
+    if rank == 0:
+        addr_keys = [f"addr/{r}" for r in range(world_size)]
+        await _wait(store, addr_keys, deadline, "not every rank published its address", seen)
+        idents = await store.multi_get([f"claimant/{r}/1" for r in range(world_size)])
+        addrs = [raw.decode().rpartition(":") for raw in await store.multi_get(addr_keys)]
+        # Every rank reads the roster: each name (host id, machine, listening host) is written
+        # once and the ranks give its number, so that it grows by a few bytes per rank.
+        names: dict[str, int] = {}
+        ranks = []
+        for r, raw in enumerate(idents):
+            ident = Identity.decode(raw)
+            # A rank of an older version says no host id: it counts as a host of its own.
+            key = ident.host_id if ident is not None and ident.host_id else f"rank:{r}"
+            machine = ident.machine if ident is not None else ""
+            host, _, port = addrs[r]
+            ranks += [names.setdefault(x, len(names)) for x in (key, machine, host)] + [int(port)]
+        await store.set("roster", json.dumps({"names": list(names), "ranks": ranks}))
+    else:
+        await _wait(store, ["roster"], deadline, "rank 0 did not publish the roster", seen)
+    return _read_roster(json.loads(await store.get("roster")), world_size)
+
+
+def _read_roster(raw: Any, world_size: int) -> _Roster:
+    try:
+        names, ranks = raw["names"], raw["ranks"]
+        fields = [ranks[i : i + 4] for i in range(0, len(ranks), 4)]
+        roster = _Roster(
+            tuple(str(names[f[0]]) for f in fields),
+            tuple(str(names[f[1]]) for f in fields),
+            tuple((str(names[f[2]]), int(f[3])) for f in fields),
+        )
+    except (KeyError, IndexError, TypeError, ValueError):
+        roster = _Roster((), (), ())
+    if len(roster.keys) != world_size:
+        raise DistValueError("rendezvous failed: rank 0 published a roster of another job")
+    return roster
+
+
 async def _agree_hosts(
-    store: Store, transport: Transport, deadline: _Deadline, seen: _Seen, mode: str
+    store: Store, transport: Transport, roster: _Roster, deadline: _Deadline, seen: _Seen, mode: str
 ) -> None:
     """Set ``transport.host_keys``, ``shm_local`` and ``host_algos``, the same on every rank
     (host-aware collectives choose their algorithms from them, so all ranks must see the same).
 
     Each rank publishes which peers it reaches through shared memory once its connections are up;
-    with its ``mode`` (``AIODIST_HOST_ALGOS``); rank 0 reads every identity and those reports and
-    publishes the map; the others read that one key: O(world size) store requests in all,
-    whatever the world size. Ranks whose ``mode`` differs fail the rendezvous, every rank.
+    with its ``mode`` (``AIODIST_HOST_ALGOS``); rank 0 reads those reports and publishes the
+    map; the others read that one key: O(world size) store requests in all, whatever the world
+    size. Ranks whose ``mode`` differs fail the rendezvous, every rank.
     """
     rank, world_size = transport.rank, transport.world_size
     await store.set(f"local/{rank}", json.dumps({"peers": sorted(transport.local_peers()), "mode": mode}))
     if rank == 0:
         locals_ = [f"local/{r}" for r in range(world_size)]
         await _wait(store, locals_, deadline, "not every rank reported its connections", seen)
-        idents = await store.multi_get([f"claimant/{r}/1" for r in range(world_size)])
         reports = [json.loads(raw) for raw in await store.multi_get(locals_)]
         others = {r: rep.get("mode") for r, rep in enumerate(reports) if rep.get("mode") != mode}
         if others:
@@ -480,19 +540,13 @@ async def _agree_hosts(
                 f"{said} (set it alike on every rank)",
             )
         local = [set(rep.get("peers", ())) for rep in reports]
-        keys = []
-        machines = []
-        for r, raw in enumerate(idents):
-            ident = Identity.decode(raw)
-            # A rank of an older version says no host id: it counts as a host of its own.
-            keys.append(ident.host_id if ident is not None and ident.host_id else f"rank:{r}")
-            machines.append(ident.machine if ident is not None else "")
+        keys = roster.keys
         shm = [
             all(p in local[r] for p in range(world_size) if p != r and keys[p] == keys[r])
             and any(keys[p] == keys[r] for p in range(world_size) if p != r)
             for r in range(world_size)
         ]
-        await store.set("hosts", json.dumps({"keys": keys, "shm": shm, "machines": machines}))
+        await store.set("hosts", json.dumps({"shm": shm}))
         # Rank 0 hosts the store in most jobs: it must not return (and maybe finish its job and
         # shut the store down) while a peer has yet to read the map, or that peer's init fails.
         read = [f"hosts/read/{r}" for r in range(1, world_size)]
@@ -502,42 +556,16 @@ async def _agree_hosts(
     agreed = json.loads(await store.get("hosts"))
     if rank != 0:
         await store.set(f"hosts/read/{rank}", "1")
-    keys, shm = agreed.get("keys"), agreed.get("shm")
-    if not isinstance(keys, list) or not isinstance(shm, list) or len(keys) != world_size:
+    shm = agreed.get("shm")
+    if not isinstance(shm, list) or len(shm) != world_size:
         raise DistValueError("rendezvous failed: rank 0 published a host map of another job")
-    transport.host_keys = tuple(str(k) for k in keys)
+    transport.host_keys = roster.keys
     transport.shm_local = tuple(bool(x) for x in shm)
     transport.host_algos = mode
-    machines = agreed.get("machines")
     me = _host.machine_id()
-    if me and isinstance(machines, list):
+    if me:
         # Hosts of one machine share its cores: busy polling and worker threads count them all.
-        _host.note_ranks_on_machine(sum(m == me for m in machines))
-
-
-async def _lower_addresses(
-    store: Store, rank: int, deadline: _Deadline, seen: _Seen
-) -> dict[int, tuple[str, int]]:
-    """Where the ranks below ``rank`` listen (each publishes it before connecting to any)."""
-    if rank == 0:
-        return {}
-    keys = [f"addr/{peer}" for peer in range(rank)]
-    await _wait(store, keys, deadline, "not every lower rank published its address", seen)
-    found = {}
-    for peer, raw in enumerate(await store.multi_get(keys)):
-        host, _, port = raw.decode().rpartition(":")
-        found[peer] = (host, int(port))
-    return found
-
-
-async def _connect_lower(
-    addrs: asyncio.Future[dict[int, tuple[str, int]]],
-    transport: ShmTcpTransport,
-    peer: int,
-    deadline: _Deadline,
-) -> None:
-    host, port = (await asyncio.shield(addrs))[peer]
-    await transport.connect(peer, host, port, max(deadline.left(), 0.001))
+        _host.note_ranks_on_machine(sum(m == me for m in roster.machines))
 
 
 async def _accept_higher(transport: ShmTcpTransport, peer: int, deadline: _Deadline) -> None:
@@ -567,7 +595,7 @@ def _missing_error(seen: _Seen, world_size: int, deadline: _Deadline) -> DistTim
     if not missing:
         return DistTimeoutError(
             f"rendezvous timed out after {deadline.timeout:g} s: all {world_size} ranks joined the store, "
-            "but not every pair of ranks could connect (firewall, wrong AIODIST_HOST, or a different AIODIST_SECRET)"
+            "but not every pair of ranks of one host could connect (firewall, wrong AIODIST_HOST, or a different AIODIST_SECRET)"
         )
     return DistTimeoutError(
         f"rendezvous timed out after {deadline.timeout:g} s: joined {len(joined)} of {world_size}, "

@@ -32,6 +32,12 @@ comes) is lost once its host has acknowledged nothing for ``AIODIST_LINK_TIMEOUT
 (60 by default; ``link_watch``), and every receive waiting on it fails naming the rank. A
 peer that is merely slow or stopped still acknowledges (its kernel does): it is not lost so.
 
+Peers are connected at init (``connect``/``expect``), or on first use: a peer whose address
+the transport was given (``dial_on_use``) is connected when something is first sent to it or a
+receive from it is posted; what is sent meanwhile waits, in order, for the connection. Two
+ranks that dial each other at once keep one connection, the higher rank's: the lower one's is
+refused as a crossing at its handshake, before anything was written on it.
+
 This transport knows one path, its sockets. A subclass may add a faster path to some peers
 whose signals these connections carry (``shm_tcp``: shared memory between ranks of one host):
 it overrides the few methods marked as that seam below.
@@ -46,6 +52,7 @@ import logging
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, cast
 
 from aiodist.errors import DistError, DistNetworkError, DistTimeoutError
@@ -55,6 +62,7 @@ from aiodist.transport.link_watch import LinkWatch
 from aiodist.wire.control import Control, Goodbye
 from aiodist.wire.frames import PAUSE, SKIP, FrameReader, Limits, ProtocolError, encode_frame
 from aiodist.wire.handshake import (
+    CROSSING,
     AuthError,
     Challenge,
     Hello,
@@ -162,6 +170,17 @@ class _Out:
         self.withdrawn = False
 
 
+def _copy_outcome(src: asyncio.Future[None], dst: asyncio.Future[None]) -> None:
+    if dst.done():
+        return
+    if src.cancelled():
+        dst.cancel()
+    elif src.exception() is not None:
+        dst.set_exception(cast(BaseException, src.exception()))
+    else:
+        dst.set_result(None)
+
+
 def _settle(fut: asyncio.Future[None] | None) -> None:
     if fut is not None and not fut.done():
         fut.set_result(None)
@@ -210,6 +229,7 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self._unsettled: _Out | None = None
         self._paused = False
         self._deadline: asyncio.TimerHandle | None = None
+        self.crossed = False  # our dial met the peer's: refused, the peer's connection is kept
         self.departed = False  # the peer said goodbye before closing
         self.silent_for = 0.0  # seconds its host left us unacknowledged, when that ended it
         self.goodbye = Goodbye()  # how it said it leaves
@@ -545,6 +565,10 @@ class _PeerProtocol(asyncio.BufferedProtocol):
                 self.transport.write(encode_frame(self._hello.pack()))
                 return
             assert self._hello is not None
+            if msg == Refusal(CROSSING).pack():  # the peer dials us at once: its connection is kept
+                self.crossed = True
+                self.transport.close()
+                return
             welcome = verify_welcome(self._challenge, self._hello, msg, owner.job, owner.secret)
             self._established(welcome.rank)
             return
@@ -554,6 +578,10 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         except AuthError as exc:
             self.transport.write(encode_frame(Refusal(str(exc)).pack()))
             raise
+        if owner._crossing(hello.rank):
+            self.transport.write(encode_frame(Refusal(CROSSING).pack()))
+            self.transport.close()  # (after the refusal: the dialer waits for our connection)
+            return
         refusal = owner._check_newcomer(hello.rank)
         if refusal:
             self.transport.write(encode_frame(Refusal(refusal).pack()))
@@ -600,8 +628,24 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         return DistNetworkError(f"{who} closed its connection" + (f" ({exc})" if exc else ""))
 
 
+# A message waiting for its peer's connection: writes itself on it (its send's future).
+_Write = Callable[[_PeerProtocol], asyncio.Future[None]]
+
+
+class _Waiting:
+    """A message for a peer not connected yet: how it writes itself, its send's future (None:
+    not data, nobody waits), and its operation's key (data)."""
+
+    __slots__ = ("future", "key", "write")
+
+    def __init__(self, write: _Write, future: asyncio.Future[None] | None, key: Key | None) -> None:
+        self.write = write
+        self.future = future
+        self.key = key
+
+
 class TcpTransport(Transport):
-    """Full mesh of TCP connections among the ranks of one job."""
+    """TCP connections among the ranks of one job, one per pair: made at init or on first use."""
 
     def __init__(
         self,
@@ -620,6 +664,12 @@ class TcpTransport(Transport):
         self._done.set_result(None)
         self._peers: dict[int, _PeerProtocol] = {}
         self._arrivals: dict[int, asyncio.Future[None]] = {}
+        # Connected on first use: where such peers listen, the dials under way, and what waits
+        # for a dial (in order: each writes itself on the connection once it is up).
+        self._dial_book: Callable[[int], tuple[str, int] | None] | None = None
+        self._dials: dict[int, asyncio.Task[None]] = {}
+        self._on_connect: dict[int, list[_Waiting]] = {}
+        self._relayed: dict[asyncio.Future[None], asyncio.Future[None]] = {}
         self._pending_handshakes = 0
         self._server: asyncio.base_events.Server | None = None
         self._poisoned: dict[int, DistError] = {}
@@ -697,6 +747,105 @@ class TcpTransport(Transport):
             return f"rank {peer} is already connected to rank {self.rank} (two processes claim rank {peer})"
         return None
 
+    # -- peers connected on first use -----------------------------------------------------
+    def dial_on_use(self, where: Callable[[int], tuple[str, int] | None]) -> None:
+        """Connect the peers not connected yet when first used: ``where(peer)`` says where a
+        peer listens (None: nowhere known, and using it fails as it does today)."""
+        self._dial_book = where
+
+    def _crossing(self, peer: int) -> bool:
+        """A lower rank dials us while we dial it or are connected to it by our own dial: the
+        connection the higher rank dialed is the one both keep."""
+        return peer < self.rank and (peer in self._dials or peer in self._peers)
+
+    def _dial_soon(self, peer: int) -> None:
+        if (
+            self._dial_book is None
+            or peer in self._peers
+            or peer in self._dials
+            or peer in self.dead_peers
+            or self._closing
+            or not 0 <= peer < self.world_size
+            or peer == self.rank
+        ):
+            return
+        task = self.loop.create_task(self._dial(peer))
+        self._dials[peer] = task
+        task.add_done_callback(lambda _: self._dials.pop(peer, None))
+
+    async def _dial(self, peer: int) -> None:
+        assert self._dial_book is not None
+        where = self._dial_book(peer)
+        if where is None:
+            self._dial_failed(
+                peer, DistNetworkError(f"rank {self.rank} does not know where rank {peer} listens")
+            )
+            return
+        host, port = where
+        made: list[_PeerProtocol] = []
+
+        def protocol() -> _PeerProtocol:
+            made.append(_PeerProtocol(self, connector=True))
+            return made[0]
+
+        try:
+            _, proto = await asyncio.wait_for(
+                self.loop.create_connection(protocol, host, port), self.handshake_timeout
+            )
+            got = await proto.ready
+            if got != peer:
+                proto._poison(ProtocolError(f"{host}:{port} answered as rank {got}, expected rank {peer}"))
+        except (OSError, TimeoutError, DistError) as exc:
+            if peer in self._peers or self.closed or (made and made[0].crossed):
+                return  # (a crossing: the peer's connection is the one kept)
+            if isinstance(exc, AuthError):
+                why = f"rank {peer} refused this rank ({exc}): set AIODIST_SECRET alike on every rank"
+            else:
+                why = (
+                    f"{exc or type(exc).__name__}: rank {peer} listened there when the job started, "
+                    "so it has left or died since, or the network path to it is cut"
+                )
+            err = DistNetworkError(
+                f"rank {self.rank} could not connect to rank {peer} at {host}:{port} when it first "
+                f"needed it: {why}"
+            )
+            err.__cause__ = exc
+            self._dial_failed(peer, err)
+
+    def _dial_failed(self, peer: int, err: DistNetworkError) -> None:
+        for waiting in self._on_connect.pop(peer, ()):
+            if waiting.future is not None:
+                _fail(waiting.future, err)
+        self._peer_lost(peer, err)
+
+    def _after_dial(
+        self, dst: int, write: _Write, fut: asyncio.Future[None] | None, key: Key | None = None
+    ) -> None:
+        """``write`` the message once ``dst`` is connected (in call order); dial it now."""
+        self._on_connect.setdefault(dst, []).append(_Waiting(write, fut, key))
+        self._dial_soon(dst)
+
+    def _dialable(self, dst: int) -> bool:
+        return (
+            self._dial_book is not None
+            and not self._closing
+            and 0 <= dst < self.world_size
+            and dst != self.rank
+        )
+
+    def _relay(self, inner: asyncio.Future[None], outer: asyncio.Future[None]) -> None:
+        """``outer`` (a send made before its peer was connected) ends as ``inner`` does."""
+        if inner.done():
+            _copy_outcome(inner, outer)
+            return
+        self._relayed[outer] = inner
+
+        def done(f: asyncio.Future[None]) -> None:
+            self._relayed.pop(outer, None)
+            _copy_outcome(f, outer)
+
+        inner.add_done_callback(done)
+
     def _register(self, proto: _PeerProtocol) -> None:
         self._peers[proto.peer] = proto
         if proto.transport is not None:
@@ -707,6 +856,10 @@ class TcpTransport(Transport):
             self._arrivals[proto.peer] = fut = self.loop.create_future()
         if not fut.done():
             fut.set_result(None)
+        for waiting in self._on_connect.pop(proto.peer, ()):
+            inner = waiting.write(proto)
+            if waiting.future is not None:
+                self._relay(inner, waiting.future)
 
     # -- data path ----------------------------------------------------------------------
     def send(
@@ -715,38 +868,48 @@ class TcpTransport(Transport):
         proto = self._peers.get(dst)
         if proto is None:
             self._check_peer(dst)
-            raise DistNetworkError(f"rank {self.rank} has no connection to rank {dst}")
-        if dst in self.dead_peers:
+            if not self._dialable(dst):
+                raise DistNetworkError(f"rank {self.rank} has no connection to rank {dst}")
+        elif dst in self.dead_peers:
             raise self.dead_peers[dst]
         if self.mailbox.was_abandoned(key):
             # (an operation abandoned here, still running until it is failed: nothing more of
             # it leaves this rank, and its send stays pending until then)
             return self.loop.create_future()
+        if proto is None:
+            fut: asyncio.Future[None] = self.loop.create_future()
+            self._after_dial(dst, lambda p: self._write_data(p, key, payload, fp), fut, key)
+            return fut
         return self._write_data(proto, key, payload, fp)
 
-    def _send_mismatch(self, dst: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
+    def recv(
+        self, src: int | None, key: Key, buf: memoryview, fp: Fingerprint | None = None
+    ) -> asyncio.Future[int]:
+        if src is not None and self._dial_book is not None and src not in self._peers:
+            self._dial_soon(src)  # (so that its loss, should it die first, fails this receive)
+        return self.mailbox.post(src, key, buf, fp)
+
+    def _send_frame(self, dst: int, frame: bytes) -> None:
+        """Send a frame other than data (best effort: nothing once ``dst`` is gone or we leave)."""
+        if dst in self.dead_peers or self._closing:
+            return
         proto = self._peers.get(dst)
-        if proto is not None and dst not in self.dead_peers and not self._closing:
-            proto.write_message(encode_message(Mismatch(key, sent, want)))
+        if proto is None:
+            if self._dialable(dst):
+                self._after_dial(dst, lambda p: p.write_message(frame), None)
+            return
+        # (once leaving, say nothing more: the goodbye tells the peers; the stream is half-closed)
+        if proto.transport is not None and not proto.transport.is_closing():
+            proto.write_message(frame)
+
+    def _send_mismatch(self, dst: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
+        self._send_frame(dst, encode_message(Mismatch(key, sent, want)))
 
     def send_abort(self, dst: int, key: Key, reason: str, kind: str = "network") -> None:
-        proto = self._peers.get(dst)
-        # (once leaving, say nothing more: the goodbye tells the peers; the stream is half-closed)
-        if (
-            proto is not None
-            and dst not in self.dead_peers
-            and proto.transport is not None
-            and not self._closing
-        ):
-            proto.write_message(encode_message(Abort(key, reason, kind)))
+        self._send_frame(dst, encode_message(Abort(key, reason, kind)))
 
     def send_control(self, dst: int, msg: Control) -> None:
-        proto = self._peers.get(dst)
-        if proto is None or dst in self.dead_peers or proto.transport is None or self._closing:
-            return
-        if proto.transport.is_closing():
-            return
-        proto.write_message(encode_message(ControlFrame(msg)))
+        self._send_frame(dst, encode_message(ControlFrame(msg)))
 
     # -- the seam for another path (see the module docstring): what a subclass overrides ----
     def _peer_connected(self, peer: int) -> None:
@@ -808,6 +971,9 @@ class TcpTransport(Transport):
         super().abandon(key)
         for proto in self._peers.values():
             proto.abandon(key)
+        for dst, queue in self._on_connect.items():
+            # (their sends stay pending, as withdraw_key's: the operation fails with its own error)
+            self._on_connect[dst] = [w for w in queue if w.key != key]
         self._schedule_retry()  # a paused message may belong to the abandoned operation
 
     def cancel_recv(self, fut: asyncio.Future[int]) -> None:
@@ -816,6 +982,12 @@ class TcpTransport(Transport):
             proto.release_receive(fut)
 
     def cancel_send(self, dst: int, fut: asyncio.Future[None]) -> bool:
+        waiting = self._on_connect.get(dst, [])
+        for i, queued in enumerate(waiting):
+            if queued.future is fut:  # (still waiting for its peer's connection: never written)
+                del waiting[i]
+                return True
+        fut = self._relayed.pop(fut, fut)
         proto = self._peers.get(dst)
         return proto is not None and proto.withdraw(fut)
 
@@ -896,6 +1068,8 @@ class TcpTransport(Transport):
         # the kernel (bounded), then half-close and wait (briefly) for every peer to close
         # its side: a socket closed with unread bytes is reset by the kernel, which would
         # drop what we sent last. Whatever arrives meanwhile is discarded.
+        if self._dials:  # (what waits for a peer's connection leaves before we do, bounded)
+            await asyncio.wait(list(self._dials.values()), timeout=self.handshake_timeout)
         self._closing = True
         self._schedule_retry()
         protos = [p for p in self._peers.values() if p.transport is not None and not p.transport.is_closing()]
@@ -928,6 +1102,13 @@ class TcpTransport(Transport):
         exc = DistNetworkError(f"rank {self.rank}: transport closed")
         self._links.close()
         self._close_paths(exc)
+        for dial in self._dials.values():
+            dial.cancel()
+        for queue in self._on_connect.values():
+            for waiting in queue:
+                if waiting.future is not None:
+                    _fail(waiting.future, exc)
+        self._on_connect.clear()
         self.mailbox.fail_all(exc)
         for proto in list(self._peers.values()):
             if proto.transport is not None:

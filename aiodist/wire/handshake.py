@@ -10,6 +10,10 @@ speaks first with a fresh nonce, so a recorded handshake can never be replayed::
     mac_c = HMAC(secret, "c" | nonce_a | nonce_c | job | rank_c)
     mac_a = HMAC(secret, "a" | nonce_c | nonce_a | job | rank_a)
 
+Instead of a welcome the acceptor may answer ``Refusal(reason)``. ``Refusal(CROSSING)`` is not a
+failure: two ranks dialed each other at once (peers connected on first use), and the one the
+higher rank dialed is kept; the connector waits for it.
+
 Without a secret the MACs are empty and only version and job are checked; with one, a peer
 that cannot prove it knows the secret is refused before anything else it sent is decoded.
 """
@@ -25,6 +29,7 @@ from typing import Any
 from aiodist.wire.frames import ProtocolError
 
 __all__ = [
+    "CROSSING",
     "PROTOCOL_VERSION",
     "AuthError",
     "Challenge",
@@ -42,6 +47,7 @@ __all__ = [
 PROTOCOL_VERSION = 1
 NONCE_BYTES = 16
 _MAX_REFUSAL = 500
+CROSSING = "crossing: this rank dials you too; its connection is the one kept"
 
 
 class AuthError(ProtocolError):

@@ -34,6 +34,8 @@ class CountingStore(PrefixStore):
         self.requests["all"] += 1
         if any(k.startswith("addr/") for k in keys):
             self.requests["addresses"] += 1
+        if "roster" in keys:
+            self.requests["roster"] += 1
 
     async def set(self, key: str, value: Value) -> None:
         self._note([key])
@@ -92,12 +94,15 @@ async def _join_all(world_size: int) -> list[Counter[str]]:
     return [v.requests for v in views]
 
 
-async def test_each_rank_reads_the_addresses_of_the_ranks_below_it_at_once() -> None:
+async def test_rank_0_reads_every_address_at_once_and_the_others_read_its_roster() -> None:
     requests = await _join_all(12)
-    # Rank 11 connects to 11 lower ranks: one wait and one read for all their addresses, and a
-    # wait again for each 0.2 s that one of them is late (here they all publish at once).
-    assert max(r["addresses"] for r in requests) <= 6, requests
-    assert requests[0]["addresses"] == 1  # its own, published; rank 0 connects to nobody
+    # Rank 0: its own address published, one wait and one read for all the others' (and a wait
+    # again for each 0.2 s that one of them is late); the roster published, then read back.
+    assert 3 <= requests[0]["addresses"] <= 8, requests[0]
+    # Every other rank publishes its address and reads nobody's: rank 0's roster names them all,
+    # in one wait and one read (again, a wait more for each 0.2 s that rank 0 is late).
+    assert all(r["addresses"] == 1 for r in requests[1:]), requests
+    assert all(2 <= r["roster"] <= 8 for r in requests), requests
 
 
 async def test_a_larger_world_asks_the_store_no_more_per_rank() -> None:
