@@ -1,11 +1,13 @@
 """How long N ranks on this host take to join a job: aiodist beside torch's gloo, alternating.
 
-Usage: python tools/bench_init.py [-np 16,32,64] [-r 2] [--peers aiodist,gloo] [--json FILE]
+Usage: python tools/bench_init.py [-np 16,32,64] [-r 2] [--peers aiodist,gloo] [--hosts H] [--json FILE]
 
 Every rank is a process of its own that imports its library first; the clock starts when all
 of them have, so imports are not counted. Measured: the time from that start until the last
 rank's ``init_process_group`` returned, and until the last rank's first barrier returned. The
 runs of the peers alternate, so that a machine's drift does not favour one of them.
+``--hosts H`` places aiodist's ranks on H "hosts" of this machine (``AIODIST_HOST_ID``, ranks in
+blocks): ranks of one host connect at init, the others on first use (gloo knows no hosts).
 (Repository tooling, as ``bench_targets.py``: it reads launcher variables of its own.)
 """
 
@@ -53,7 +55,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_once(peer: str, world_size: int, timeout: float = 600.0) -> tuple[float, float]:
+def _host_of(rank: int, world_size: int, hosts: int) -> dict[str, str]:
+    if hosts <= 1:
+        return {}
+    per_host = -(-world_size // hosts)
+    return {"AIODIST_HOST_ID": f"bench-host-{rank // per_host}", "LOCAL_WORLD_SIZE": str(per_host)}
+
+
+def run_once(peer: str, world_size: int, hosts: int = 1, timeout: float = 600.0) -> tuple[float, float]:
     """(seconds until every rank joined, until every rank passed the first barrier)."""
     with tempfile.TemporaryDirectory(prefix="aiodist-bench-init-") as d:
         start = os.path.join(d, "start")
@@ -70,7 +79,7 @@ def run_once(peer: str, world_size: int, timeout: float = 600.0) -> tuple[float,
         procs = [
             subprocess.Popen(
                 [sys.executable, "-c", _RANK, peer, start, outs[r]],
-                env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                env=dict(env, RANK=str(r), LOCAL_RANK=str(r), **_host_of(r, world_size, hosts)),
             )
             for r in range(world_size)
         ]
@@ -100,6 +109,7 @@ def main() -> None:
     parser.add_argument("-np", default="16,32,64", help="world sizes, comma separated (default 16,32,64)")
     parser.add_argument("-r", type=int, default=2, help="runs of each peer per world size (default 2)")
     parser.add_argument("--peers", default="aiodist,gloo", help="aiodist, gloo or both (default)")
+    parser.add_argument("--hosts", type=int, default=1, help="aiodist's ranks on this many hosts (default 1)")
     parser.add_argument("--json", help="also write the runs to this file")
     args = parser.parse_args()
     peers = [p for p in args.peers.split(",") if p]
@@ -110,7 +120,7 @@ def main() -> None:
         for _ in range(args.r):
             for peer in peers:
                 try:
-                    joined, ready = run_once(peer, n)
+                    joined, ready = run_once(peer, n, args.hosts)
                 except RuntimeError as exc:
                     print(f"| {n} | {peer} | failed: {exc} | |", flush=True)
                     rows.append({"ranks": n, "peer": peer, "error": str(exc)})
