@@ -1,4 +1,5 @@
-"""The transport contract, asked of every transport alike: memory, TCP, shared memory.
+"""The transport contract, asked of every transport alike: memory, TCP (connected at init or on
+first use), shared memory.
 
 What a group relies on of its transport (``aiodist.transport.base.Transport``), with real
 sockets on 127.0.0.1 for TCP and real shared-memory rings between transports of this process
@@ -25,7 +26,8 @@ from aiodist.wire.control import GroupState, StateQuery
 
 pytestmark = pytest.mark.timeout(60)
 
-KINDS = ["memory", "tcp", "shm"]
+# "tcp-on-use": TCP whose peers are connected on first use (as ranks of different hosts are).
+KINDS = ["memory", "tcp", "tcp-on-use", "shm"]
 # Message sizes: empty, tiny, inline in a ring record, just over 64 KiB, just over 1 MiB, 4 MiB.
 SIZES = [0, 1, 8, 1000, 65537, (1 << 20) + 1, 4 << 20]
 
@@ -36,6 +38,10 @@ async def _connected(kind: str, n: int) -> list[Transport]:
     cls = ShmTcpTransport if kind == "shm" else TcpTransport
     ts = [cls(r, n, job=f"conformance-{kind}", secret=b"conformance") for r in range(n)]
     ports = [await t.listen("127.0.0.1") for t in ts]
+    if kind == "tcp-on-use":
+        for t in ts:
+            t.dial_on_use(lambda peer: ("127.0.0.1", ports[peer]))
+        return list(ts)
     await asyncio.gather(
         *(ts[r].connect(p, "127.0.0.1", ports[p], 5.0) for r in range(n) for p in range(r)),
         *(ts[r].expect(p) for r in range(n) for p in range(r + 1, n)),
