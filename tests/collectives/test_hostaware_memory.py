@@ -333,6 +333,14 @@ async def test_subgroups_get_their_own_layout(sub_ranks: list[int]) -> None:
 # -- the host facts the rendezvous agrees on ---------------------------------------------------------
 
 
+async def _agree(store: Any, t: Any, deadline: Any, mode: str) -> None:
+    """Rank 0's roster, then the host map, as a rank's rendezvous reads them."""
+    await store.set(f"addr/{t.rank}", f"127.0.0.1:{1000 + t.rank}")
+    roster = await mesh._roster(store, t.rank, t.world_size, deadline, mesh._Seen())
+    assert roster.address(t.rank) == ("127.0.0.1", 1000 + t.rank)
+    await mesh._agree_hosts(store, t, roster, deadline, mesh._Seen(), mode)
+
+
 async def test_rendezvous_agrees_on_hosts_and_shared_memory() -> None:
     """Hosts a, a, a, b; rank 2 reaches rank 0 but not rank 1 through shared memory. Every rank
     ends with the same facts: ranks 0 and 1 share memory with all of their host, 2 does not, 3
@@ -348,9 +356,7 @@ async def test_rendezvous_agrees_on_hosts_and_shared_memory() -> None:
         await store.set(f"claimant/{r}/1", mesh.Identity(r, 5, "box", 100 + r, host_id=hosts[r]).encode())
         t.local_peers = lambda r=r: local[r]  # type: ignore[method-assign]
     deadline = mesh._Deadline(10)
-    await asyncio.gather(
-        *(mesh._agree_hosts(store, t, deadline, mesh._Seen(), "direct") for t in fabric.transports)
-    )
+    await asyncio.gather(*(_agree(store, t, deadline, "direct") for t in fabric.transports))
     for t in fabric.transports:
         assert t.host_keys == ("a", "a", "a", "b", "rank:4")
         assert t.shm_local == (True, True, False, False, False)
@@ -373,10 +379,7 @@ async def test_rendezvous_refuses_ranks_that_disagree_on_the_switch() -> None:
     deadline = mesh._Deadline(10)
     modes = ["auto", "flat", "auto"]
     got = await asyncio.gather(
-        *(
-            mesh._agree_hosts(store, t, deadline, mesh._Seen(), m)
-            for t, m in zip(fabric.transports, modes, strict=True)
-        ),
+        *(_agree(store, t, deadline, m) for t, m in zip(fabric.transports, modes, strict=True)),
         return_exceptions=True,
     )
     for t in fabric.transports:
