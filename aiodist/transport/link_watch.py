@@ -17,7 +17,11 @@ Acknowledgements come from the peer's kernel, not from its program: a rank that 
 leaves its receive buffer full: the sender then probes the closed window, and the kernel of
 the receiver answers such probes at most every 500 ms (``tcp_invalid_ratelimit``) while the
 sender's backoff stretches them to two minutes apart, so their answers say little; a
-connection with unsent data and nothing in flight is left alone. (``TCP_USER_TIMEOUT`` is no
+connection with unsent data and nothing in flight is left alone, unless its peer's kernel left
+``WINDOW_PROBES`` of those probes in a row unanswered: each answer starts the kernel's count
+(``tcpi_probes``) again, and the probes come at least 0.8 s apart from the third on, beyond the
+answers' rate limit, so only a silent host leaves three unanswered (a window that closed just
+before a link was cut: the reader paused for a large message, say). (``TCP_USER_TIMEOUT`` is no
 help for that reason: Linux ends a connection whose window stayed closed that long, measured:
 1 s with a reader paused for 3.) ``TCP_INFO`` is Linux's; elsewhere the kernel's keepalive
 alone ends an idle connection after about the link timeout.
@@ -41,12 +45,14 @@ __all__ = ["LinkWatch"]
 _TCP_INFO = getattr(socket, "TCP_INFO", None) if sys.platform.startswith("linux") else None
 _TCP_INFO_BYTES = 148
 _NOTSENT_AT = 144
+WINDOW_PROBES = 3
 
 
 def unanswered_ms(sock: Any) -> int:
     """Milliseconds the peer's host has left ``sock`` unacknowledged while sent data or a
-    keepalive probe waited for its acknowledgement (0 when nothing waits, when the window is
-    closed, or where ``TCP_INFO`` is not available)."""
+    keepalive probe waited for its acknowledgement, or while ``WINDOW_PROBES`` probes of a closed
+    window went unanswered in a row (0 when nothing waits, when a closed window's probes are
+    answered, or where ``TCP_INFO`` is not available)."""
     if _TCP_INFO is None:
         return 0
     try:
@@ -63,7 +69,7 @@ def unanswered_ms(sock: Any) -> int:
     keepalive = (
         probes > 0 and len(info) >= _TCP_INFO_BYTES and struct.unpack_from("I", info, _NOTSENT_AT)[0] == 0
     )
-    return int(last_ack_ms) if unacked or keepalive else 0
+    return int(last_ack_ms) if unacked or keepalive or probes >= WINDOW_PROBES else 0
 
 
 class LinkWatch:

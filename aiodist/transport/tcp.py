@@ -278,7 +278,10 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self.owner._deferred.discard(self)
         if not self.closed.done():
             self.closed.set_result(None)
-        lost = self._lost_error(exc)
+        # (the sends still queued fail with what the transport makes of the loss: a peer whose
+        # host stopped answering says so, not merely that the connection closed)
+        loss = self.owner._loss(self, exc, mid_frame=self._reader.mid_frame)
+        lost = loss[0] if loss is not None else self._lost_error(exc)
         for out in self._queue:
             _fail(out.future, lost)
         self._queue.clear()
@@ -289,7 +292,7 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         if not self.ready.done():
             self.ready.set_exception(self._lost_error(exc))
             self.ready.exception()  # mark retrieved; the connecting side reports it
-        self.owner._connection_lost(self, exc, mid_frame=self._reader.mid_frame)
+        self.owner._connection_lost(self, loss)
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -889,13 +892,19 @@ class TcpTransport(Transport):
             self._dial_soon(src)  # (so that its loss, should it die first, fails this receive)
         return self.mailbox.post(src, key, buf, fp)
 
-    def _send_frame(self, dst: int, frame: bytes) -> None:
-        """Send a frame other than data (best effort: nothing once ``dst`` is gone or we leave)."""
+    def _send_frame(self, dst: int, frame: bytes, *, dial: bool) -> None:
+        """Send a frame other than data (best effort: nothing once ``dst`` is gone or we leave).
+
+        To a peer not connected yet it waits for a dial under way, and starts one only if
+        ``dial``: an abort or a mismatch report concerns a peer that is connected (one that
+        waits for us dialed us), and once the job lost a peer nothing but data opens a new
+        connection into what may be a broken network (leaving would wait for it).
+        """
         if dst in self.dead_peers or self._closing:
             return
         proto = self._peers.get(dst)
         if proto is None:
-            if self._dialable(dst):
+            if dst in self._dials or (dial and self.first_loss is None and self._dialable(dst)):
                 self._after_dial(dst, lambda p: p.write_message(frame), None)
             return
         # (once leaving, say nothing more: the goodbye tells the peers; the stream is half-closed)
@@ -903,13 +912,13 @@ class TcpTransport(Transport):
             proto.write_message(frame)
 
     def _send_mismatch(self, dst: int, key: Key, sent: Fingerprint | None, want: Fingerprint | None) -> None:
-        self._send_frame(dst, encode_message(Mismatch(key, sent, want)))
+        self._send_frame(dst, encode_message(Mismatch(key, sent, want)), dial=False)
 
     def send_abort(self, dst: int, key: Key, reason: str, kind: str = "network") -> None:
-        self._send_frame(dst, encode_message(Abort(key, reason, kind)))
+        self._send_frame(dst, encode_message(Abort(key, reason, kind)), dial=False)
 
     def send_control(self, dst: int, msg: Control) -> None:
-        self._send_frame(dst, encode_message(ControlFrame(msg)))
+        self._send_frame(dst, encode_message(ControlFrame(msg)), dial=True)
 
     # -- the seam for another path (see the module docstring): what a subclass overrides ----
     def _peer_connected(self, peer: int) -> None:
@@ -1013,21 +1022,28 @@ class TcpTransport(Transport):
             proto.silent_for = seconds
             proto.transport.abort()
 
-    def _connection_lost(self, proto: _PeerProtocol, exc: Exception | None, *, mid_frame: bool) -> None:
+    def _connection_lost(self, proto: _PeerProtocol, loss: tuple[DistNetworkError, str] | None) -> None:
         self._deferred.discard(proto)
-        if proto.peer < 0 or self._peers.get(proto.peer) is not proto:
+        if loss is None:
             return
         del self._peers[proto.peer]
         self._links.remove(proto.peer)
+        self._lose(proto, *loss)
+
+    def _loss(
+        self, proto: _PeerProtocol, exc: Exception | None, *, mid_frame: bool
+    ) -> tuple[DistNetworkError, str] | None:
+        """What the end of ``proto``'s connection means, and how its peer went ("closed" by us,
+        "left" in order, "lost"; see ``_lose``); None for a connection not (or no longer) a peer's."""
+        if proto.peer < 0 or self._peers.get(proto.peer) is not proto:
+            return None
         if self.closed or self._closing:
-            self._lose(proto, DistNetworkError(f"rank {self.rank}: transport closed"), "closed")
-            return
+            return DistNetworkError(f"rank {self.rank}: transport closed"), "closed"
         cause = self._poisoned.get(proto.peer)
         if proto.departed and cause is None:
             # An orderly leave: fail what still needs this rank, but do not break the groups;
             # the other ranks may go on among themselves (torch's tutorial programs do).
-            self._lose(proto, DistNetworkError(proto.goodbye.describe(proto.peer)), "left")
-            return
+            return DistNetworkError(proto.goodbye.describe(proto.peer)), "left"
         if cause is not None:
             err = DistNetworkError(f"connection to rank {proto.peer} was dropped: {cause}")
         elif proto.silent_for or (isinstance(exc, OSError) and exc.errno in _PATH_LOST):
@@ -1049,7 +1065,7 @@ class TcpTransport(Transport):
                 "(killed or crashed, or it ended without leaving the job)" + (f" ({exc})" if exc else "")
             )
         err.__cause__ = cause or exc
-        self._lose(proto, err, "lost")
+        return err, "lost"
 
     def _lose(self, proto: _PeerProtocol, err: DistNetworkError, how: str) -> None:
         """``proto``'s peer is gone (``how``: "closed" by us, "left" in order, or "lost"): fail
@@ -1068,8 +1084,14 @@ class TcpTransport(Transport):
         # the kernel (bounded), then half-close and wait (briefly) for every peer to close
         # its side: a socket closed with unread bytes is reset by the kernel, which would
         # drop what we sent last. Whatever arrives meanwhile is discarded.
-        if self._dials:  # (what waits for a peer's connection leaves before we do, bounded)
-            await asyncio.wait(list(self._dials.values()), timeout=self.handshake_timeout)
+        # Data sent to a peer whose connection is under way leaves before we do (bounded).
+        carrying = [
+            dial
+            for peer, dial in self._dials.items()
+            if any(w.future is not None for w in self._on_connect.get(peer, ()))
+        ]
+        if carrying:
+            await asyncio.wait(carrying, timeout=self.handshake_timeout)
         self._closing = True
         self._schedule_retry()
         protos = [p for p in self._peers.values() if p.transport is not None and not p.transport.is_closing()]

@@ -284,8 +284,8 @@ async def _connected(rank: int, size: int) -> list[str]:
 
 def test_info_lines_say_where_the_store_is_and_how_the_mesh_connected() -> None:
     res = spawn(_connected, 2, timeout=60)
-    assert any("rank 0 connected with its 1 peer(s)" in ln for ln in res[0]), res[0]
-    assert any("rank 1 connected with its 1 peer(s)" in ln for ln in res[1]), res[1]
+    assert any("rank 0 connected with the 1 peer(s) of its host" in ln for ln in res[0]), res[0]
+    assert any("rank 1 connected with the 1 peer(s) of its host" in ln for ln in res[1]), res[1]
 
 
 async def _no_store(rank: int, size: int) -> list[str]:
