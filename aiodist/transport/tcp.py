@@ -797,7 +797,9 @@ class TcpTransport(Transport):
             )
             got = await proto.ready
             if got != peer:
-                proto._poison(ProtocolError(f"{host}:{port} answered as rank {got}, expected rank {peer}"))
+                wrong = ProtocolError(f"{host}:{port} answered as rank {got}, not as rank {peer}")
+                proto._poison(wrong)
+                raise wrong
         except (OSError, TimeoutError, DistError) as exc:
             if peer in self._peers or self.closed or (made and made[0].crossed):
                 return  # (a crossing: the peer's connection is the one kept)

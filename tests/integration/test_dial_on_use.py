@@ -129,6 +129,15 @@ async def test_a_peer_that_refuses_the_dial_is_named_with_the_cause(made: list[T
         await asyncio.wait_for(a.send(1, (0, P2P, 1), _payload(1)), 20)
 
 
+async def test_a_dial_answered_by_another_rank_fails_naming_both(made: list[TcpTransport]) -> None:
+    ts = await _unconnected(3)
+    made += ts
+    port_of_2 = ts[2].port
+    ts[0].dial_on_use(lambda peer: ("127.0.0.1", port_of_2))  # (a wrong address for rank 1)
+    with pytest.raises(DistNetworkError, match=r"answered as rank 2, not as rank 1"):
+        await asyncio.wait_for(ts[0].send(1, (0, P2P, 1), _payload(1)), 20)
+
+
 async def test_a_receive_connects_so_that_its_peer_s_death_fails_it(made: list[TcpTransport]) -> None:
     a, b = await _unconnected(2)
     made += [a, b]
