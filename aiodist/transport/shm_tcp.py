@@ -21,7 +21,7 @@ from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.settings import Settings
 from aiodist.transport.base import Fingerprint, Key
 from aiodist.transport.shm import SETUP_TIMEOUT, ShmPaths
-from aiodist.transport.tcp import TcpTransport, _PeerProtocol
+from aiodist.transport.tcp import TcpTransport, _How, _PeerProtocol
 from aiodist.wire.frames import ProtocolError
 from aiodist.wire.messages import PeerMessage, ShmFrame
 from aiodist.wire.messages import encode as encode_message
@@ -93,7 +93,7 @@ class ShmTcpTransport(TcpTransport):
 
     def cancel_send(self, dst: int, fut: asyncio.Future[None]) -> bool:
         link = self._shm.links.get(dst)
-        if link is not None and link.withdraw(fut):
+        if link is not None and link.withdraw(self._relayed.get(fut, fut)):
             return True
         return super().cancel_send(dst, fut)
 
@@ -132,7 +132,7 @@ class ShmTcpTransport(TcpTransport):
     def _capped(self) -> list[tuple[int, int]]:
         return super()._capped() + self._shm.capped()
 
-    def _lose(self, proto: _PeerProtocol, err: DistNetworkError, how: str) -> None:
+    def _lose(self, proto: _PeerProtocol, err: DistNetworkError, how: _How) -> None:
         if how != "closed":
             self._shm.drain_departed(proto.peer)  # (what it sent first: see ShmPaths.peer_gone)
         super()._lose(proto, err, how)

@@ -53,7 +53,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from aiodist.errors import DistError, DistNetworkError, DistTimeoutError
 from aiodist.settings import Settings
@@ -631,6 +631,9 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         return DistNetworkError(f"{who} closed its connection" + (f" ({exc})" if exc else ""))
 
 
+# How a peer went: its connection "closed" by us, "left" in order (a goodbye), or "lost".
+_How = Literal["closed", "left", "lost"]
+
 # A message waiting for its peer's connection: writes itself on it (its send's future).
 _Write = Callable[[_PeerProtocol], asyncio.Future[None]]
 
@@ -762,15 +765,7 @@ class TcpTransport(Transport):
         return peer < self.rank and (peer in self._dials or peer in self._peers)
 
     def _dial_soon(self, peer: int) -> None:
-        if (
-            self._dial_book is None
-            or peer in self._peers
-            or peer in self._dials
-            or peer in self.dead_peers
-            or self._closing
-            or not 0 <= peer < self.world_size
-            or peer == self.rank
-        ):
+        if not self._dialable(peer) or peer in self._peers or peer in self._dials or peer in self.dead_peers:
             return
         task = self.loop.create_task(self._dial(peer))
         self._dials[peer] = task
@@ -801,8 +796,11 @@ class TcpTransport(Transport):
                 proto._poison(wrong)
                 raise wrong
         except (OSError, TimeoutError, DistError) as exc:
-            if peer in self._peers or self.closed or (made and made[0].crossed):
-                return  # (a crossing: the peer's connection is the one kept)
+            if peer in self._peers or self.closed:
+                return  # (connected the other way meanwhile)
+            if made and made[0].crossed:
+                await self._await_crossing(peer)
+                return
             if isinstance(exc, AuthError):
                 why = f"rank {peer} refused this rank ({exc}): set AIODIST_SECRET alike on every rank"
             else:
@@ -816,6 +814,22 @@ class TcpTransport(Transport):
             )
             err.__cause__ = exc
             self._dial_failed(peer, err)
+
+    async def _await_crossing(self, peer: int) -> None:
+        """Our dial met ``peer``'s, which is kept: wait for it (this dial stays under way
+        meanwhile, so that what is sent to ``peer`` waits too), bounded, should it never come."""
+        arrived = self.expect(peer)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(arrived), self.handshake_timeout)
+        if not arrived.done() and not self.closed and peer not in self.dead_peers:
+            self._dial_failed(
+                peer,
+                DistNetworkError(
+                    f"rank {peer} refused this rank's connection because it was connecting to this "
+                    f"rank, but its connection did not arrive within {self.handshake_timeout:g} s "
+                    "(AIODIST_HANDSHAKE_TIMEOUT): it has died since, or the network path from it is cut"
+                ),
+            )
 
     def _dial_failed(self, peer: int, err: DistNetworkError) -> None:
         for waiting in self._on_connect.pop(peer, ()):
@@ -1024,8 +1038,7 @@ class TcpTransport(Transport):
             proto.silent_for = seconds
             proto.transport.abort()
 
-    def _connection_lost(self, proto: _PeerProtocol, loss: tuple[DistNetworkError, str] | None) -> None:
-        self._deferred.discard(proto)
+    def _connection_lost(self, proto: _PeerProtocol, loss: tuple[DistNetworkError, _How] | None) -> None:
         if loss is None:
             return
         del self._peers[proto.peer]
@@ -1034,7 +1047,7 @@ class TcpTransport(Transport):
 
     def _loss(
         self, proto: _PeerProtocol, exc: Exception | None, *, mid_frame: bool
-    ) -> tuple[DistNetworkError, str] | None:
+    ) -> tuple[DistNetworkError, _How] | None:
         """What the end of ``proto``'s connection means, and how its peer went ("closed" by us,
         "left" in order, "lost"; see ``_lose``); None for a connection not (or no longer) a peer's."""
         if proto.peer < 0 or self._peers.get(proto.peer) is not proto:
@@ -1069,7 +1082,7 @@ class TcpTransport(Transport):
         err.__cause__ = cause or exc
         return err, "lost"
 
-    def _lose(self, proto: _PeerProtocol, err: DistNetworkError, how: str) -> None:
+    def _lose(self, proto: _PeerProtocol, err: DistNetworkError, how: _How) -> None:
         """``proto``'s peer is gone (``how``: "closed" by us, "left" in order, or "lost"): fail
         what waits on it; a lost peer's groups fail their operations with ``err``, naming it."""
         if how == "left":

@@ -104,6 +104,22 @@ async def test_a_ring_of_first_uses_connects_each_pair_once(made: list[TcpTransp
     assert [sorted(t._peers) for t in ts] == [[1, 3], [0, 2], [1, 3], [0, 2]]
 
 
+async def test_a_crossing_whose_other_connection_never_comes_fails_in_bounded_time(
+    made: list[TcpTransport],
+) -> None:
+    a, b = await _unconnected(2)
+    made += [a, b]
+    a.handshake_timeout = 0.5
+    stuck = asyncio.get_running_loop().create_future()
+    b._dials[0] = stuck  # type: ignore[assignment]  # (rank 1 "dials" rank 0, and never gets there)
+    try:
+        with pytest.raises(DistNetworkError, match=r"its connection did not arrive within 0.5 s"):
+            await asyncio.wait_for(a.send(1, (0, P2P, 1), _payload(1)), 20)
+    finally:
+        del b._dials[0]
+        stuck.cancel()
+
+
 async def test_a_peer_gone_before_first_use_fails_the_send_naming_it(made: list[TcpTransport]) -> None:
     a, b = await _unconnected(2)
     made += [a, b]
