@@ -13,6 +13,7 @@ from aiodist.errors import DistTimeoutError as DistTimeoutError
 from aiodist.errors import DistTypeError as DistTypeError
 from aiodist.errors import DistValueError as DistValueError
 from aiodist.errors import GroupOutOfStepError as GroupOutOfStepError
+from aiodist.face import tensor_collectives as _tensor_collectives
 from aiodist.face.monitored_barrier import monitored_barrier as monitored_barrier
 from aiodist.face.object_collectives import all_gather_object as all_gather_object
 from aiodist.face.object_collectives import broadcast_object_list as broadcast_object_list
@@ -21,26 +22,13 @@ from aiodist.face.object_collectives import recv_object_list as recv_object_list
 from aiodist.face.object_collectives import scatter_object_list as scatter_object_list
 from aiodist.face.object_collectives import send_object_list as send_object_list
 from aiodist.face.p2p import P2POp as P2POp
-from aiodist.face.p2p import barrier as barrier
 from aiodist.face.p2p import batch_isend_irecv as batch_isend_irecv
 from aiodist.face.p2p import irecv as irecv
 from aiodist.face.p2p import isend as isend
 from aiodist.face.p2p import recv as recv
 from aiodist.face.p2p import send as send
 from aiodist.face.resync import resync as resync
-from aiodist.face.tensor_collectives import all_gather as all_gather
-from aiodist.face.tensor_collectives import all_gather_into_tensor as all_gather_into_tensor
-from aiodist.face.tensor_collectives import all_gather_single as all_gather_single
-from aiodist.face.tensor_collectives import all_reduce as all_reduce
-from aiodist.face.tensor_collectives import all_to_all as all_to_all
-from aiodist.face.tensor_collectives import all_to_all_single as all_to_all_single
-from aiodist.face.tensor_collectives import broadcast as broadcast
-from aiodist.face.tensor_collectives import gather as gather
-from aiodist.face.tensor_collectives import reduce as reduce
-from aiodist.face.tensor_collectives import reduce_scatter as reduce_scatter
-from aiodist.face.tensor_collectives import reduce_scatter_single as reduce_scatter_single
-from aiodist.face.tensor_collectives import reduce_scatter_tensor as reduce_scatter_tensor
-from aiodist.face.tensor_collectives import scatter as scatter
+from aiodist.face.tensor_collectives import *  # noqa: F403 (the tensor collectives, one per table entry)
 from aiodist.face.world import WORLD as WORLD
 from aiodist.face.world import destroy_process_group as destroy_process_group
 from aiodist.face.world import get_backend as get_backend
@@ -80,7 +68,6 @@ __all__ = [
     "Store",
     "TCPStore",
     "Work",
-    "barrier",
     "monitored_barrier",
     "batch_isend_irecv",
     "destroy_process_group",
@@ -96,23 +83,11 @@ __all__ = [
     "reduce_op",
     "resync",
     "send",
-    "all_gather",
-    "all_gather_into_tensor",
     "all_gather_object",
-    "all_gather_single",
-    "all_reduce",
-    "all_to_all",
-    "all_to_all_single",
-    "broadcast",
     "broadcast_object_list",
-    "gather",
     "gather_object",
     "recv_object_list",
-    "reduce",
-    "reduce_scatter",
-    "reduce_scatter_single",
-    "reduce_scatter_tensor",
-    "scatter",
     "scatter_object_list",
     "send_object_list",
 ]
+__all__ += _tensor_collectives.__all__

@@ -23,12 +23,11 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from aiodist import _tensors
-from aiodist import arguments as _args
 from aiodist import work as _work
 from aiodist._inflight import InFlight
 from aiodist._recovery import StepKeeper
 from aiodist._tensors import byte_view
-from aiodist.backends.base import IN, OUT, Backend, Binding, Gate, Op
+from aiodist.backends.base import IN, OUT, Backend, Gate, Op
 from aiodist.backends.native import NATIVE
 from aiodist.collectives import select
 from aiodist.collectives.context import OpContext
@@ -44,7 +43,8 @@ from aiodist.errors import (
     GroupOutOfStepError,
     name_ranks,
 )
-from aiodist.ops import ReduceOp, dtype_name
+from aiodist.operations import operation_named
+from aiodist.ops import dtype_name
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.runtime import origin as _origin
 from aiodist.settings import detail_on
@@ -783,15 +783,11 @@ class ProcessGroup:
         name = f"{ctx.fp[0]} #{ctx.fp[1]}" if ctx.fp else "collective"
         return Work(self.loop.create_task(checked()), name)
 
-    def _tensor_collective(
-        self,
-        name: str,
-        timeout: float | None,
-        check: Callable[..., _args.Checked],
-        *args: Any,
-    ) -> Work:
-        """Check (``check(self, binding, *args)``, with the backend's binding of the call),
-        number, start on the backend."""
+    def collective(self, name: str, *args: Any, timeout: float | None = None) -> Work:
+        """Start the tensor collective ``name`` of the operation table (``aiodist.operations``)
+        with the async face's arguments between ``group`` and ``timeout``: check them (with the
+        backend's binding of the call), number the call, start it on the backend."""
+        check = operation_named(name).check
         self.check_usable(name)
         b = self.runs_on.bind(self, name)
         try:
@@ -926,87 +922,3 @@ class ProcessGroup:
     def resync(self, timeout: float | None = None) -> Work:
         """Bring the group back in step after a timeout or a disagreement (see ``aiodist.resync``)."""
         return self._keeper.resync(timeout)
-
-    # -- tensor collectives (the async face documents them) --------------------------------------
-    def barrier(self, timeout: float | None = None) -> Work:
-        return self._tensor_collective("barrier", timeout, _barrier)
-
-    def broadcast(self, tensor: Any, src: int, timeout: float | None = None) -> Work:
-        return self._tensor_collective("broadcast", timeout, _args.broadcast, tensor, src)
-
-    def all_reduce(self, tensor: Any, op: Any = ReduceOp.SUM, timeout: float | None = None) -> Work:
-        return self._tensor_collective("all_reduce", timeout, _args.all_reduce, tensor, op)
-
-    def reduce(self, tensor: Any, dst: int, op: Any = ReduceOp.SUM, timeout: float | None = None) -> Work:
-        return self._tensor_collective("reduce", timeout, _args.reduce, tensor, dst, op)
-
-    def all_gather(self, tensor_list: Any, tensor: Any, timeout: float | None = None) -> Work:
-        return self._tensor_collective("all_gather", timeout, _args.all_gather, tensor_list, tensor)
-
-    def all_gather_into_tensor(
-        self, output_tensor: Any, input_tensor: Any, timeout: float | None = None
-    ) -> Work:
-        return self._tensor_collective(
-            "all_gather_into_tensor",
-            timeout,
-            _args.all_gather_into_tensor,
-            output_tensor,
-            input_tensor,
-        )
-
-    def gather(self, tensor: Any, gather_list: Any, dst: int, timeout: float | None = None) -> Work:
-        return self._tensor_collective("gather", timeout, _args.gather, tensor, gather_list, dst)
-
-    def scatter(self, tensor: Any, scatter_list: Any, src: int, timeout: float | None = None) -> Work:
-        return self._tensor_collective("scatter", timeout, _args.scatter, tensor, scatter_list, src)
-
-    def reduce_scatter(
-        self, output: Any, input_list: Any, op: Any = ReduceOp.SUM, timeout: float | None = None
-    ) -> Work:
-        return self._tensor_collective(
-            "reduce_scatter", timeout, _args.reduce_scatter, output, input_list, op
-        )
-
-    def reduce_scatter_tensor(
-        self, output: Any, input: Any, op: Any = ReduceOp.SUM, timeout: float | None = None
-    ) -> Work:
-        return self._tensor_collective(
-            "reduce_scatter_tensor",
-            timeout,
-            _args.reduce_scatter_tensor,
-            output,
-            input,
-            op,
-        )
-
-    def all_to_all(
-        self, output_tensor_list: Any, input_tensor_list: Any, timeout: float | None = None
-    ) -> Work:
-        return self._tensor_collective(
-            "all_to_all", timeout, _args.all_to_all, output_tensor_list, input_tensor_list
-        )
-
-    def all_to_all_single(
-        self,
-        output: Any,
-        input: Any,
-        output_split_sizes: Any = None,
-        input_split_sizes: Any = None,
-        timeout: float | None = None,
-    ) -> Work:
-        return self._tensor_collective(
-            "all_to_all_single",
-            timeout,
-            _args.all_to_all_single,
-            output,
-            input,
-            output_split_sizes,
-            input_split_sizes,
-        )
-
-
-_BARRIER = _args.Checked(Op("barrier"), "", 0)
-
-
-def _barrier(g: ProcessGroup, b: Binding) -> _args.Checked:
-    return _BARRIER

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from aiodist.ops import ReduceOp
 from aiodist.work import Work
@@ -73,17 +73,8 @@ class Role(enum.Enum):
 
 IN, OUT, INOUT = Role.IN, Role.OUT, Role.INOUT
 
-OpKind = Literal[
-    "barrier",
-    "broadcast",
-    "all_reduce",
-    "reduce",
-    "all_gather",
-    "gather",
-    "scatter",
-    "reduce_scatter",
-    "all_to_all",
-]
+#: Which collective an ``Op`` is: a key of the operation table's kinds (``aiodist.operations.KINDS``).
+OpKind = str
 
 #: Awaited before an operation reads its inputs (staged: until they are in host memory).
 Gate = Callable[[], Awaitable[None]]
@@ -101,6 +92,9 @@ class Op(NamedTuple):
             (``broadcast``, ``all_reduce``, ``reduce``) has its one array in ``outputs``.
         root: the root's group rank, or -1.
         reduce_op: the reduction, for reductions.
+        whole: the blocks are consecutive views of one buffer (``all_gather_into_tensor``'s
+            outputs, ``reduce_scatter_tensor``'s inputs, both of ``all_to_all_single``), which
+            torch's engine passes as one tensor.
     """
 
     kind: OpKind
@@ -108,6 +102,7 @@ class Op(NamedTuple):
     inputs: tuple[Array, ...] = ()
     root: int = -1
     reduce_op: ReduceOp | None = None
+    whole: bool = False
 
 
 class Binding(Protocol):

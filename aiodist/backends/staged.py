@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from aiodist import _tensors
-from aiodist.arguments import OneDevice
 from aiodist.backends.base import IN, INOUT, OUT, Backend, Binding, BoundGroup, Gate, Op, Role, TensorOps
+from aiodist.backends.devices import OneDevice
 from aiodist.errors import DistError, DistValueError
 from aiodist.work import Work
 

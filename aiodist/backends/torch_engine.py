@@ -12,7 +12,7 @@ adapter (``TorchEngine``) is the same for both; everything else is aiodist's:
   built off the loop's thread (``asyncio.to_thread``), never on it.
 - groups and ranks: a group is an aiodist ``ProcessGroup`` (global ranks for ``src``/``dst``,
   ``new_group``, non-members) whose backend (``TorchBackend``, given at its creation) runs its
-  tensor operations. The group checks their arguments (``aiodist.arguments``, with this
+  tensor operations. The group checks their arguments (``aiodist.operations``, with this
   backend's device rules), numbers them and times them out, as on every backend; the engine
   only translates the checked ``Op`` into torch's calls. The group's aiodist transport,
   connected as for "tcp", still carries object collectives, ``monitored_barrier`` and DDP's
@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from aiodist import _tensors
-from aiodist import arguments as _args
+from aiodist.backends import devices as _devices
 from aiodist.backends.base import IN, OUT, Array, Binding, BoundGroup, Gate, Op, Role, TensorOps
 from aiodist.collectives.context import OpContext
 from aiodist.errors import (
@@ -280,7 +280,7 @@ class TorchBackend:
 
 class _EngineArray:
     """A tensor argument as the group's checks see it on torch's engine: its dtype (numpy's),
-    its size, and slices of it (the blocks ``aiodist.arguments`` cuts), without viewing its
+    its size, and slices of it (the blocks ``aiodist.operations`` cuts), without viewing its
     memory from numpy (a CUDA tensor stays on its device). ``tensor()``: the flat torch tensor
     of those elements, sharing memory with the caller's."""
 
@@ -319,7 +319,7 @@ class _EngineBinding:
     def __init__(self, engine: TorchEngine, what: str) -> None:
         self.engine = engine
         self.what = what
-        self.device = _args.OneDevice()
+        self.device = _devices.OneDevice()
 
     def tensor(self, obj: Any, *, arg: str, role: Role, writable: bool) -> Array:
         t = self.engine.tensor(obj, arg, writable=writable)
@@ -333,7 +333,7 @@ class _EngineBinding:
     def start(self, ctx: OpContext, op: Op, timeout: float | None, gate: Gate | None = None) -> Work:
         if gate is not None:
             raise DistError(f"{self.what}: torch's engine runs on the caller's tensors; nothing may gate it")
-        return self.engine.start(ctx, op, self.what, timeout)
+        return self.engine.start(ctx, op, timeout)
 
     def complete(self, work: Work) -> Work:
         return work
@@ -457,15 +457,15 @@ class TorchEngine:
         """``obj`` as a torch tensor on the engine's kind of device, sharing memory.
 
         Raises:
-            DistValueError: on another kind of device (``aiodist.arguments.check_device``), not
+            DistValueError: on another kind of device (``aiodist.backends.devices.check_device``), not
                 contiguous, read-only while ``writable`` (numpy).
             DistTypeError: not a tensor, or an unsupported dtype.
         """
         if isinstance(obj, np.ndarray):
-            _args.check_device(self.backend, arg, "cpu", "cpu (a numpy array)")
+            _devices.check_device(self.backend, arg, "cpu", "cpu (a numpy array)")
             return _tensors.to_torch(_tensors.as_array(obj, arg=arg, writable=writable).reshape(obj.shape))
         _tensors.check_tensor(obj, arg=arg)
-        _args.check_device(self.backend, arg, obj.device.type, str(obj.device))
+        _devices.check_device(self.backend, arg, obj.device.type, str(obj.device))
         return obj.detach()
 
     def _reduction(
@@ -511,9 +511,9 @@ class TorchEngine:
     # Operations that only move data hand the engine the tensors' bytes (every dtype works, gloo's
     # gaps included); reductions hand it the tensors themselves (see ``_reduction``).
 
-    def start(self, ctx: OpContext, op: Op, what: str, timeout: float | None) -> Work:
-        """Run the collective ``op`` the group checked and numbered (``ctx``) as the operation
-        ``what`` of the async face; its Work, timed out by the group.
+    def start(self, ctx: OpContext, op: Op, timeout: float | None) -> Work:
+        """Run the collective ``op`` the group checked and numbered (``ctx``); its Work, timed
+        out by the group.
 
         Raises:
             DistTypeError / DistValueError: the engine cannot run ``op`` (nothing started).
@@ -521,10 +521,10 @@ class TorchEngine:
         """
         assert ctx.fp is not None
         name = f"{ctx.fp[0]} #{ctx.fp[1]}"
-        opts, call, after = self._translate(op, what)
+        opts, call, after = self._translate(op)
         return self._run(name, ctx.key, opts, timeout, call, after=after)
 
-    def _translate(self, op: Op, what: str) -> tuple[Any, Callable[[Any], Any], Callable[[], None] | None]:
+    def _translate(self, op: Op) -> tuple[Any, Callable[[Any], Any], Callable[[], None] | None]:
         """torch's options, the call that issues ``op`` on the engine, and what follows its completion."""
         c10d, pg = self._c10d, self.pg
         outs = [a.tensor() for a in op.outputs]
@@ -557,7 +557,7 @@ class TorchEngine:
             case "all_gather":
                 opts = c10d.AllgatherOptions()
                 in_b = self._bytes(ins[0])
-                if what == "all_gather_into_tensor":
+                if op.whole:
                     out_b = self._bytes(_span(op.outputs))
                     return opts, lambda o: pg._allgather_base(out_b, in_b, o), None
                 outs_b = [self._bytes(t) for t in outs]
@@ -576,17 +576,19 @@ class TorchEngine:
                 return opts, lambda o: pg.scatter([out_b], scattered, o), None
             case "reduce_scatter":
                 opts = c10d.ReduceScatterOptions()
-                if what == "reduce_scatter_tensor":
+                if op.whole:
                     opts.reduceOp, out_e, (inp_e,), after = self._reduction(rop, outs[0], [_span(op.inputs)])
                     out_f, inp_f = out_e.reshape(-1), inp_e.reshape(-1)
                     return opts, lambda o: pg._reduce_scatter_base(out_f, inp_f, o), after
                 opts.reduceOp, out_e, ins_e, after = self._reduction(rop, outs[0], ins)
                 return opts, lambda o: pg.reduce_scatter([out_e], [ins_e], o), after
             case "all_to_all":
-                return self._all_to_all(op, what, outs, ins)
+                return self._all_to_all(op, outs, ins)
+            case _:
+                raise DistValueError(f"{op.kind} is not run by torch's {self.kind} engine: use backend 'tcp'")
 
     def _all_to_all(
-        self, op: Op, what: str, outs: list[Any], ins: list[Any]
+        self, op: Op, outs: list[Any], ins: list[Any]
     ) -> tuple[Any, Callable[[Any], Any], Callable[[], None] | None]:
         """Blocks of any size per pair (gloo's own all_to_all wants equal ones), in one exchange
         of bytes cut by split sizes: ``all_to_all_single``'s tensors as they are, the blocks of
@@ -595,7 +597,7 @@ class TorchEngine:
         opts = self._c10d.AllToAllOptions()
         out_splits = [t.numel() * t.element_size() for t in outs]
         in_splits = [t.numel() * t.element_size() for t in ins]
-        if what == "all_to_all_single":
+        if op.whole:
             out_b, in_b = self._bytes(_span(op.outputs)), self._bytes(_span(op.inputs))
             return opts, lambda o: pg.alltoall_base(out_b, in_b, out_splits, in_splits, o), None
         flat_in = torch.cat([self._bytes(t) for t in ins])

@@ -10,12 +10,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiodist._docs import ASYNC_COLLECTIVE, ASYNC_P2P, contract
+from aiodist._docs import ASYNC_P2P, contract
 from aiodist.errors import DistTypeError, DistValueError
 from aiodist.face.world import resolve_group
 from aiodist.work import Work
 
-__all__ = ["P2POp", "barrier", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
+__all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
 
 
 @contract(ASYNC_P2P)
@@ -147,16 +147,3 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
         else:
             works.append(irecv(p.tensor, peer, g, p.tag))
     return works
-
-
-@contract(ASYNC_COLLECTIVE)
-def barrier(group: Any = None, *, timeout: float | None = None) -> Work:
-    """Complete once every member of ``group`` has entered the barrier.
-
-    Args:
-        group: the group (default: the world).
-        timeout: seconds for this operation instead of the group's timeout.
-    Returns:
-        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
-    """
-    return resolve_group(group).barrier(timeout)

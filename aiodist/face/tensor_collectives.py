@@ -1,4 +1,5 @@
-"""Collective operations of the async face: each resolves its group and calls it.
+"""The tensor collectives of the async face: one declaration per entry of the operation table
+(``aiodist.operations``), whose body runs the entry by name on the resolved group.
 
 The group checks the arguments (before taking a sequence number, so a refused call leaves the
 group's numbering untouched on this rank), numbers the operation, whose fingerprint (op,
@@ -24,6 +25,7 @@ __all__ = [
     "all_reduce",
     "all_to_all",
     "all_to_all_single",
+    "barrier",
     "broadcast",
     "gather",
     "reduce",
@@ -32,6 +34,19 @@ __all__ = [
     "reduce_scatter_tensor",
     "scatter",
 ]
+
+
+@contract(ASYNC_COLLECTIVE)
+def barrier(group: Any = None, *, timeout: float | None = None) -> Work:
+    """Complete once every member of ``group`` has entered the barrier.
+
+    Args:
+        group: the group (default: the world).
+        timeout: seconds for this operation instead of the group's timeout.
+    Returns:
+        A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
+    """
+    return resolve_group(group).collective("barrier", timeout=timeout)
 
 
 @contract(
@@ -48,7 +63,7 @@ def broadcast(tensor: Any, src: int, group: Any = None, *, timeout: float | None
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
     """
-    return resolve_group(group).broadcast(tensor, src, timeout)
+    return resolve_group(group).collective("broadcast", tensor, src, timeout=timeout)
 
 
 @contract(
@@ -69,7 +84,7 @@ def all_reduce(
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
     """
-    return resolve_group(group).all_reduce(tensor, op, timeout)
+    return resolve_group(group).collective("all_reduce", tensor, op, timeout=timeout)
 
 
 @contract(ASYNC_COLLECTIVE)
@@ -87,7 +102,7 @@ def reduce(
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
     """
-    return resolve_group(group).reduce(tensor, dst, op, timeout)
+    return resolve_group(group).collective("reduce", tensor, dst, op, timeout=timeout)
 
 
 @contract(ASYNC_COLLECTIVE)
@@ -102,7 +117,7 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None, *, timeout: flo
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
     """
-    return resolve_group(group).all_gather(tensor_list, tensor, timeout)
+    return resolve_group(group).collective("all_gather", tensor_list, tensor, timeout=timeout)
 
 
 @contract(ASYNC_COLLECTIVE)
@@ -119,7 +134,9 @@ def all_gather_into_tensor(
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
     """
-    return resolve_group(group).all_gather_into_tensor(output_tensor, input_tensor, timeout)
+    return resolve_group(group).collective(
+        "all_gather_into_tensor", output_tensor, input_tensor, timeout=timeout
+    )
 
 
 all_gather_single = all_gather_into_tensor
@@ -142,7 +159,7 @@ def gather(
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
     """
-    return resolve_group(group).gather(tensor, gather_list, dst, timeout)
+    return resolve_group(group).collective("gather", tensor, gather_list, dst, timeout=timeout)
 
 
 @contract(ASYNC_COLLECTIVE)
@@ -162,7 +179,7 @@ def scatter(
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
     """
-    return resolve_group(group).scatter(tensor, scatter_list, src, timeout)
+    return resolve_group(group).collective("scatter", tensor, scatter_list, src, timeout=timeout)
 
 
 @contract(ASYNC_COLLECTIVE)
@@ -180,7 +197,7 @@ def reduce_scatter(
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
     """
-    return resolve_group(group).reduce_scatter(output, input_list, op, timeout)
+    return resolve_group(group).collective("reduce_scatter", output, input_list, op, timeout=timeout)
 
 
 @contract(ASYNC_COLLECTIVE)
@@ -198,7 +215,7 @@ def reduce_scatter_tensor(
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
     """
-    return resolve_group(group).reduce_scatter_tensor(output, input, op, timeout)
+    return resolve_group(group).collective("reduce_scatter_tensor", output, input, op, timeout=timeout)
 
 
 reduce_scatter_single = reduce_scatter_tensor
@@ -218,7 +235,9 @@ def all_to_all(
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
     """
-    return resolve_group(group).all_to_all(output_tensor_list, input_tensor_list, timeout)
+    return resolve_group(group).collective(
+        "all_to_all", output_tensor_list, input_tensor_list, timeout=timeout
+    )
 
 
 @contract(ASYNC_COLLECTIVE)
@@ -245,6 +264,6 @@ def all_to_all_single(
     Returns:
         A ``Work``, at once: await it (or ``wait()`` from another thread); its result is None.
     """
-    return resolve_group(group).all_to_all_single(
-        output, input, output_split_sizes, input_split_sizes, timeout
+    return resolve_group(group).collective(
+        "all_to_all_single", output, input, output_split_sizes, input_split_sizes, timeout=timeout
     )

@@ -88,7 +88,7 @@ def all_reduce_future(tensor: Any, group: ProcessGroup, op: ReduceOp = ReduceOp.
 
     def start() -> None:
         try:
-            work = group.all_reduce(tensor, op)
+            work = group.collective("all_reduce", tensor, op)
         except BaseException as exc:
             fut.set_exception(exc)
             return
@@ -142,7 +142,7 @@ async def broadcast_coalesced(
                 flat = torch.empty(sum(t.numel() for t in members), dtype=members[0].dtype)
         if len(in_flight) >= MAX_BROADCASTS_IN_FLIGHT:
             await finish()
-        in_flight.append((group.broadcast(flat, src), flat, members))
+        in_flight.append((group.collective("broadcast", flat, src), flat, members))
     while in_flight:
         await finish()
 

@@ -127,7 +127,7 @@ class GradBucketer:
             dst[...] = src
         self._pending[b] -= 1
         while self._next < len(self._buckets) and self._pending[self._next] == 0:
-            self._works.append(self._group.all_reduce(self._flats[self._next]))
+            self._works.append(self._group.collective("all_reduce", self._flats[self._next]))
             self._next += 1
 
     async def wait(self) -> None:

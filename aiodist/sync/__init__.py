@@ -18,34 +18,16 @@ from aiodist.store.blocking import FileStore as FileStore
 from aiodist.store.blocking import HashStore as HashStore
 from aiodist.store.blocking import PrefixStore as PrefixStore
 from aiodist.store.blocking import TCPStore as TCPStore
+from aiodist.sync import _collectives
 from aiodist.sync._coalesced import all_gather_coalesced as all_gather_coalesced
 from aiodist.sync._coalesced import all_reduce_coalesced as all_reduce_coalesced
+from aiodist.sync._collectives import *  # noqa: F403 (the collectives: tensor ones, one per table entry, and objects)
 from aiodist.sync._collectives import _all_gather_base as _all_gather_base
 from aiodist.sync._collectives import _reduce_scatter_base as _reduce_scatter_base
-from aiodist.sync._collectives import all_gather as all_gather
-from aiodist.sync._collectives import all_gather_into_tensor as all_gather_into_tensor
-from aiodist.sync._collectives import all_gather_object as all_gather_object
-from aiodist.sync._collectives import all_gather_single as all_gather_single
-from aiodist.sync._collectives import all_reduce as all_reduce
-from aiodist.sync._collectives import all_to_all as all_to_all
-from aiodist.sync._collectives import all_to_all_single as all_to_all_single
-from aiodist.sync._collectives import broadcast as broadcast
-from aiodist.sync._collectives import broadcast_object_list as broadcast_object_list
-from aiodist.sync._collectives import gather as gather
-from aiodist.sync._collectives import gather_object as gather_object
-from aiodist.sync._collectives import recv_object_list as recv_object_list
-from aiodist.sync._collectives import reduce as reduce
-from aiodist.sync._collectives import reduce_scatter as reduce_scatter
-from aiodist.sync._collectives import reduce_scatter_single as reduce_scatter_single
-from aiodist.sync._collectives import reduce_scatter_tensor as reduce_scatter_tensor
-from aiodist.sync._collectives import scatter as scatter
-from aiodist.sync._collectives import scatter_object_list as scatter_object_list
-from aiodist.sync._collectives import send_object_list as send_object_list
 from aiodist.sync._core import Backend as Backend
 from aiodist.sync._core import DistBackendError as DistBackendError
 from aiodist.sync._core import GroupMember as GroupMember
 from aiodist.sync._core import P2POp as P2POp
-from aiodist.sync._core import barrier as barrier
 from aiodist.sync._core import batch_isend_irecv as batch_isend_irecv
 from aiodist.sync._core import default_pg_timeout as default_pg_timeout
 from aiodist.sync._core import destroy_process_group as destroy_process_group
@@ -130,7 +112,6 @@ __all__ = [
     "ReduceOp",
     "TCPStore",
     "Work",
-    "barrier",
     "monitored_barrier",
     "batch_isend_irecv",
     "destroy_process_group",
@@ -148,23 +129,5 @@ __all__ = [
     "recv",
     "reduce_op",
     "send",
-    "all_gather",
-    "all_gather_into_tensor",
-    "all_gather_object",
-    "all_gather_single",
-    "all_reduce",
-    "all_to_all",
-    "all_to_all_single",
-    "broadcast",
-    "broadcast_object_list",
-    "gather",
-    "gather_object",
-    "recv_object_list",
-    "reduce",
-    "reduce_scatter",
-    "reduce_scatter_single",
-    "reduce_scatter_tensor",
-    "scatter",
-    "scatter_object_list",
-    "send_object_list",
 ]
+__all__ += _collectives.__all__

@@ -6,23 +6,22 @@ same root given as a rank within ``group``. Object collectives always block, as 
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import aiodist.face.object_collectives as _o
-import aiodist.face.tensor_collectives as _c
 from aiodist._docs import SYNC_COLLECTIVE, SYNC_OBJECTS, contract, sync_collective
 from aiodist.errors import DistTypeError
 from aiodist.face.sparse import is_sparse, sparse_all_reduce
 from aiodist.ops import ReduceOp
 from aiodist.sync._bridge import call
-from aiodist.sync._core import check_complex_op
-from aiodist.sync._launch import run_op, run_out_in
+from aiodist.sync._core import check_complex_op, seconds_of
+from aiodist.sync._launch import run_collective
 from aiodist.sync._preamble import ANY, resolved, torch_op
 from aiodist.work import Work
 
 __all__ = [
-    "_all_gather_base",
-    "_reduce_scatter_base",
+    "barrier",
     "all_gather",
     "all_gather_into_tensor",
     "all_gather_object",
@@ -45,6 +44,28 @@ __all__ = [
 ]
 
 
+@torch_op()
+@contract(SYNC_COLLECTIVE)
+def barrier(
+    group: Any = None,
+    async_op: bool = False,
+    device_ids: Any = None,
+    timeout: datetime.timedelta | None = None,
+) -> Work | None:
+    """Block until every member of ``group`` has entered the barrier (``async_op``: the Work).
+
+    Args:
+        group: the group (default: the world).
+        async_op: return a Work at once instead of blocking.
+        device_ids: accepted for torch's signature.
+        timeout: this barrier's own timeout (``timedelta`` or seconds) instead of the group's.
+    Returns:
+        None once every member entered; with ``async_op=True`` at once, the ``Work``.
+    """
+    seconds = seconds_of(timeout)
+    return run_collective("barrier", group, async_op, timeout=seconds)
+
+
 @torch_op(root="src")
 @contract(SYNC_COLLECTIVE)
 def broadcast(
@@ -64,7 +85,7 @@ def broadcast(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_op("broadcast", lambda t: _c.broadcast(t, resolved(src), group), async_op, tensor)  # type: ignore[no-any-return]
+    return run_collective("broadcast", group, async_op, tensor, resolved(src))
 
 
 @torch_op()
@@ -83,7 +104,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
     if op is not ReduceOp.SUM:
         check_complex_op("all_reduce", op, [tensor])
     try:
-        return run_op("all_reduce", lambda t: _c.all_reduce(t, op, group), async_op, tensor)  # type: ignore[no-any-return]
+        return run_collective("all_reduce", group, async_op, tensor, op)
     except DistTypeError:
         if not is_sparse(tensor):
             raise
@@ -111,7 +132,7 @@ def reduce(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_op("reduce", lambda t: _c.reduce(t, resolved(dst), op, group), async_op, tensor)  # type: ignore[no-any-return]
+    return run_collective("reduce", group, async_op, tensor, resolved(dst), op)
 
 
 @torch_op()
@@ -127,7 +148,7 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool 
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_out_in("all_gather", lambda o, i: _c.all_gather(o, i, group), async_op, tensor_list, tensor)
+    return run_collective("all_gather", group, async_op, tensor_list, tensor)
 
 
 @torch_op()
@@ -145,13 +166,7 @@ def all_gather_into_tensor(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_out_in(
-        "_allgather_base",
-        lambda o, i: _c.all_gather_into_tensor(o, i, group),
-        async_op,
-        output_tensor,
-        input_tensor,
-    )
+    return run_collective("all_gather_into_tensor", group, async_op, output_tensor, input_tensor)
 
 
 all_gather_single = all_gather_into_tensor
@@ -179,9 +194,7 @@ def gather(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_op(  # type: ignore[no-any-return]
-        "gather", lambda t, o: _c.gather(t, o, resolved(dst), group), async_op, tensor, gather_list, inputs=0
-    )
+    return run_collective("gather", group, async_op, tensor, gather_list, resolved(dst))
 
 
 @torch_op(root="src", root_default=0)
@@ -205,9 +218,7 @@ def scatter(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_out_in(
-        "scatter", lambda t, i: _c.scatter(t, i, resolved(src), group), async_op, tensor, scatter_list
-    )
+    return run_collective("scatter", group, async_op, tensor, scatter_list, resolved(src))
 
 
 @torch_op()
@@ -226,9 +237,7 @@ def reduce_scatter(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_out_in(
-        "reduce_scatter", lambda o, i: _c.reduce_scatter(o, i, op, group), async_op, output, input_list
-    )
+    return run_collective("reduce_scatter", group, async_op, output, input_list, op)
 
 
 @torch_op()
@@ -247,13 +256,7 @@ def reduce_scatter_tensor(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_out_in(
-        "_reduce_scatter_base",
-        lambda o, i: _c.reduce_scatter_tensor(o, i, op, group),
-        async_op,
-        output,
-        input,
-    )
+    return run_collective("reduce_scatter_tensor", group, async_op, output, input, op)
 
 
 reduce_scatter_single = reduce_scatter_tensor
@@ -275,9 +278,7 @@ def all_to_all(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_out_in(
-        "all_to_all", lambda o, i: _c.all_to_all(o, i, group), async_op, output_tensor_list, input_tensor_list
-    )
+    return run_collective("all_to_all", group, async_op, output_tensor_list, input_tensor_list)
 
 
 @torch_op()
@@ -303,12 +304,8 @@ def all_to_all_single(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_out_in(
-        "alltoall_base",
-        lambda o, i: _c.all_to_all_single(o, i, output_split_sizes, input_split_sizes, group),
-        async_op,
-        output,
-        input,
+    return run_collective(
+        "all_to_all_single", group, async_op, output, input, output_split_sizes, input_split_sizes
     )
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import aiodist.backends.torch_engine as _engine
 import aiodist.face.p2p as _p2p
 import aiodist.face.world as _world
-from aiodist._docs import SYNC_COLLECTIVE, SYNC_P2P, SYNC_P2P_STARTED, contract, sync_p2p
+from aiodist._docs import SYNC_P2P, SYNC_P2P_STARTED, contract, sync_p2p
 from aiodist._tensors import NotContiguousError
 from aiodist.errors import DistError, DistTypeError, DistValueError, UnsupportedReduceError
 from aiodist.group import ProcessGroup
@@ -38,7 +38,6 @@ __all__ = [
     "DistBackendError",
     "GroupMember",
     "P2POp",
-    "barrier",
     "batch_isend_irecv",
     "check_complex_op",
     "default_pg_timeout",
@@ -135,7 +134,8 @@ class _NonMember(int):
         return f"GroupMember.NON_GROUP_MEMBER(ranks={list(self.ranks)})"
 
 
-def _seconds(timeout: datetime.timedelta | float | None) -> float | None:
+def seconds_of(timeout: datetime.timedelta | float | None) -> float | None:
+    """torch's timeout (a ``timedelta`` or seconds; None: unset) in seconds."""
     return None if timeout is None else as_seconds(timeout)
 
 
@@ -384,7 +384,7 @@ def new_group(
     pg = run(
         _world.new_group(
             ranks,
-            _seconds(timeout),
+            seconds_of(timeout),
             None if backend is None else str(Backend(backend)),
             sort_ranks=sort_ranks,
             use_local_synchronization=use_local_synchronization,
@@ -655,27 +655,5 @@ def resync(group: Any = None, timeout: datetime.timedelta | float | None = None)
 
     Returns the ``ResyncReport`` (see ``aiodist.resync``).
     """
-    seconds = _seconds(timeout)
+    seconds = seconds_of(timeout)
     return call(lambda: _world.resolve_group(group).resync(seconds), False)
-
-
-@torch_op()
-@contract(SYNC_COLLECTIVE)
-def barrier(
-    group: Any = None,
-    async_op: bool = False,
-    device_ids: Any = None,
-    timeout: datetime.timedelta | None = None,
-) -> Work | None:
-    """Block until every member of ``group`` has entered the barrier (``async_op``: the Work).
-
-    Args:
-        group: the group (default: the world).
-        async_op: return a Work at once instead of blocking.
-        device_ids: accepted for torch's signature.
-        timeout: this barrier's own timeout (``timedelta`` or seconds) instead of the group's.
-    Returns:
-        None once every member entered; with ``async_op=True`` at once, the ``Work``.
-    """
-    seconds = _seconds(timeout)
-    return run_op("barrier", lambda: _p2p.barrier(group, timeout=seconds), async_op)  # type: ignore[no-any-return]

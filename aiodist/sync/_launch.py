@@ -25,11 +25,13 @@ import numpy as np
 from aiodist import _tensors
 from aiodist import work as _work
 from aiodist._tensors import NotContiguousError
+from aiodist.face.world import resolve_group
+from aiodist.operations import operation_named
 from aiodist.sync import _job_backend
 from aiodist.sync._bridge import call
 from aiodist.work import Work
 
-__all__ = ["begin_record", "end_record", "profiling", "run_op", "run_out_in"]
+__all__ = ["begin_record", "end_record", "profiling", "run_collective", "run_op"]
 
 
 # The records opened while a profiler runs. torch reads a record's end thread (what makes it
@@ -97,11 +99,21 @@ def run_op(
     return _run_slow(name, start, async_op, tensors, record=None)
 
 
-def run_out_in(
-    name: str, start: Callable[[Any, Any], Work], async_op: bool, output: Any, input: Any
+def run_collective(
+    name: str, group: Any, async_op: bool, *args: Any, timeout: float | None = None
 ) -> Work | None:
-    """``run_op`` for an operation ``start(output, input)``, whose record shows the input (as gloo's)."""
-    return run_op(name, start, async_op, output, input, inputs=1)  # type: ignore[no-any-return]
+    """``run_op`` for the operation table's entry ``name`` (``aiodist.operations``) on ``group``,
+    with the async face's arguments between ``group`` and ``timeout``: its leading tensor
+    arguments are those a non-contiguous tensor is copied for, and the profiler's record is
+    named and shows the input as the entry says (as gloo's)."""
+    entry = operation_named(name)
+    n = entry.tensors
+    rest = args[n:]
+
+    def start(*tensors: Any) -> Work:
+        return resolve_group(group).collective(name, *tensors, *rest, timeout=timeout)
+
+    return run_op(entry.record, start, async_op, *args[:n], inputs=entry.shown)  # type: ignore[no-any-return]
 
 
 def _run_slow(

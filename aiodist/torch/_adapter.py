@@ -386,7 +386,7 @@ class Adapter:
 
     def barrier(self, work: Any, timeout_ms: int) -> Refusal:
         g, t = self.group, _timeout(timeout_ms)
-        return self._start(work, [functools.partial(_p2p.barrier, g, timeout=t)])
+        return self._start(work, [functools.partial(_collectives.barrier, g, timeout=t)])
 
     def monitored_barrier(self, timeout_ms: int, wait_all_ranks: bool) -> Refusal:
         """Blocking (torch's ``monitoredBarrier`` is): names the ranks that did not arrive."""

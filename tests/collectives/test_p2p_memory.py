@@ -112,7 +112,7 @@ async def test_a_refused_message_fails_its_completed_send_at_the_next_send_with_
     async def fn(g: ProcessGroup) -> object:
         if g.rank == 0:
             await g.send(np.ones(4, np.float32), 1)  # completes: its message is refused later
-            await g.barrier()  # (the receiver has refused it by now)
+            await g.collective("barrier")  # (the receiver has refused it by now)
             await g.send(np.ones(2, np.int64), 1, tag=5)  # another tag: goes on
             with pytest.raises(CollectiveMismatchError) as refused:
                 g.send(np.full(3, 7, np.float32), 1)
@@ -120,7 +120,7 @@ async def test_a_refused_message_fails_its_completed_send_at_the_next_send_with_
             return str(refused.value)
         with pytest.raises(CollectiveMismatchError, match="rank 0 sent send of 4 x float32"):
             await g.recv(np.zeros(8, np.float32), 0)
-        await g.barrier()
+        await g.collective("barrier")
         other = np.zeros(2, np.int64)
         await g.recv(other, 0, tag=5)
         got = np.zeros(3, np.float32)
@@ -296,7 +296,7 @@ async def test_barrier_all_sizes() -> None:
         async def fn(g: ProcessGroup, order: list[int] = order) -> None:
             await asyncio.sleep(0.001 * g.rank)
             order.append(g.rank)
-            await g.barrier()
+            await g.collective("barrier")
             assert len(order) == g.size  # nobody leaves before everybody arrived
 
         await run_memory_world(n, fn)

@@ -209,7 +209,7 @@ async def test_wrong_secret_is_refused_and_nothing_it_sent_is_decoded(
     assert any("failed authentication" in r.getMessage() for r in caplog.records)
     # the job goes on
     g0, g1 = groups(mesh2)
-    await asyncio.gather(g0.barrier(), g1.barrier())
+    await asyncio.gather(g0.collective("barrier"), g1.collective("barrier"))
 
 
 async def test_replayed_handshake_is_refused(mesh2: list[TcpTransport]) -> None:
@@ -247,7 +247,7 @@ async def test_no_cross_talk_between_jobs(other: str) -> None:
         intruder.abort()
         for mesh in (a, b):
             g0, g1 = groups(mesh)
-            await asyncio.gather(g0.barrier(), g1.barrier())
+            await asyncio.gather(g0.collective("barrier"), g1.collective("barrier"))
             assert not mesh[0].dead_peers
     finally:
         for t in a + b:
@@ -292,10 +292,10 @@ async def test_authenticated_peer_sending_a_bad_frame_breaks_cleanly(kind: str) 
         assert why in str(info.value.__cause__ or info.value) or why in str(t0.dead_peers[1])
         assert why in str(t0.dead_peers[1])
         with pytest.raises(DistNetworkError, match="rank 1"):
-            g0.barrier()  # the group is broken: later calls raise at once
+            g0.collective("barrier")  # the group is broken: later calls raise at once
         # a group without rank 1 goes on
         sub2 = ProcessGroup(t2, [0, 2], 1, timeout=10)
-        await asyncio.gather(sub.barrier(), sub2.barrier())
+        await asyncio.gather(sub.collective("barrier"), sub2.collective("barrier"))
         writer.close()
     finally:
         t0.abort()
@@ -425,7 +425,7 @@ async def test_a_silent_host_fails_what_waits_on_it_naming_the_rank(monkeypatch:
         assert time.monotonic() - t0 < 5.0  # (0.4 s of silence, seen on two checks 0.1 s apart)
         assert "AIODIST_LINK_TIMEOUT" in str(info.value) and "network path to it is cut" in str(info.value)
         with pytest.raises(DistNetworkError, match="rank 1"):  # the group is broken
-            await asyncio.wait_for(g0.all_reduce(np.zeros(2)), 5)
+            await asyncio.wait_for(g0.collective("all_reduce", np.zeros(2)), 5)
     finally:
         for t in ts:
             t.abort()
@@ -567,7 +567,7 @@ async def test_lost_peer_fails_pending_ops_that_do_not_need_it_after_the_grace()
         assert PEER_LOSS_GRACE * 0.9 <= took < PEER_LOSS_GRACE + 1.5, took
         assert "recv from rank 1 (tag 3)" in str(info.value)
         with pytest.raises(DistNetworkError, match="broken"):
-            gs[1].barrier()
+            gs[1].collective("barrier")
     finally:
         for t in ts:
             t.abort()

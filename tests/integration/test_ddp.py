@@ -452,19 +452,20 @@ def test_faults_26_extra_parameter_unused_parameter_late_rank() -> None:
 async def test_broadcast_coalesced_buckets_by_dtype_two_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
     from aiodist.parallel import _comm
 
-    real = ProcessGroup.broadcast
+    real = ProcessGroup.collective
     started: dict[int, list[Any]] = {}
     peak: dict[int, int] = {}
 
-    def counting(group: ProcessGroup, tensor: Any, src: int, timeout: float | None = None) -> Any:
+    def counting(group: ProcessGroup, name: str, *args: Any, timeout: float | None = None) -> Any:
         # In flight = started on this rank and not completed when the next one starts.
-        works = started.setdefault(group.rank, [])
-        work = real(group, tensor, src, timeout)
-        works.append(work)
-        peak[group.rank] = max(peak.get(group.rank, 0), sum(not w.is_completed() for w in works))
+        work = real(group, name, *args, timeout=timeout)
+        if name == "broadcast":
+            works = started.setdefault(group.rank, [])
+            works.append(work)
+            peak[group.rank] = max(peak.get(group.rank, 0), sum(not w.is_completed() for w in works))
         return work
 
-    monkeypatch.setattr(ProcessGroup, "broadcast", counting)  # DDP starts operations on the group
+    monkeypatch.setattr(ProcessGroup, "collective", counting)  # DDP starts operations on the group
 
     def tensors(rank: int) -> list[Any]:
         g = torch.Generator().manual_seed(rank)

@@ -36,7 +36,7 @@ async def test_barrier_against_all_reduce_reads_per_operation() -> None:
     async def body(g: dist.ProcessGroup) -> str:
         try:
             if g.rank == 0:
-                await g.barrier()
+                await g.collective("barrier")
             else:
                 await dist.all_reduce(np.zeros(10, np.float32), group=g)
         except dist.CollectiveMismatchError as exc:

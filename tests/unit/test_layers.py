@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("aiodist.collectives",),
     # The group and what it runs its operations on (it holds a Backend; backends start the
     # group's numbered operations): one layer.
-    ("aiodist.group", "aiodist._inflight", "aiodist.arguments", "aiodist._recovery", "aiodist.backends"),
+    ("aiodist.group", "aiodist._inflight", "aiodist.operations", "aiodist._recovery", "aiodist.backends"),
     ("aiodist.rendezvous",),
     ("aiodist.job",),
     ("aiodist.face", "aiodist"),  # "aiodist": the package itself, the async face's names

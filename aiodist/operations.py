@@ -1,9 +1,18 @@
-"""The argument checks of every tensor collective: the caller's arguments -> an ``Op``.
+"""The operation table: every tensor collective declared once.
 
-Each function checks one operation's arguments as the async face documents them, asking the
-group's backend binding for each tensor (``Binding.tensor``: a flat host array), and returns
-what the group needs to number and start it (``Checked``). Nothing is sent, and the group's
-numbering is untouched, until every check passed.
+An entry (``Operation``) names the operation, checks its arguments as the async face documents
+them and says how the blocking face shows it to torch's profiler. Its check asks the group's
+backend binding for each tensor (``Binding.tensor``: a flat host array) and returns what the
+group needs to number and start it (``Checked``: the ``Op`` and its fingerprint's dtype and
+count). Nothing is sent, and the group's numbering is untouched, until every check passed.
+
+The group runs any entry by name (``ProcessGroup.collective``); the planner
+(``aiodist.backends.native.algorithm``) picks the algorithm of its ``Op``'s kind. The async face
+(``aiodist.face.tensor_collectives``) and the blocking face (``aiodist.sync._collectives``) hold
+one declaration each per entry (the signature and docstring users read), whose body runs the
+entry by name. So an operation over an existing kind of collective is three declarations: here
+and on each face; a new kind adds its algorithm and its case in the planner
+(``tests/unit/test_operation_table.py`` keeps the count).
 
 Fingerprint counts: the element count of the tensor every rank passes with the same size
 (``tensor``; ``all_gather``: the input; ``gather``: the input; ``scatter``/``reduce_scatter``:
@@ -13,31 +22,27 @@ each receive's exact byte check catches sizes that disagree.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from aiodist import _tensors
 from aiodist.backends.base import IN, INOUT, OUT, Binding, Op
+from aiodist.collectives import hostaware
+from aiodist.collectives.allgather import allgather
+from aiodist.collectives.allreduce import allreduce
+from aiodist.collectives.alltoall import alltoall
+from aiodist.collectives.barrier import barrier_steps
+from aiodist.collectives.broadcast import broadcast as broadcast_plan
+from aiodist.collectives.context import OpContext
+from aiodist.collectives.gather import gather as gather_plan
+from aiodist.collectives.gather import scatter as scatter_plan
+from aiodist.collectives.reduce import reduce as reduce_plan
+from aiodist.collectives.reduce_scatter import reduce_scatter as reduce_scatter_plan
+from aiodist.collectives.steps import Plan
 from aiodist.errors import DistTypeError, DistValueError
-from aiodist.ops import check_reduce, dtype_name
+from aiodist.ops import ReduceOp, check_reduce, dtype_name
 
-__all__ = [
-    "Checked",
-    "Members",
-    "OneDevice",
-    "check_device",
-    "all_gather",
-    "all_gather_into_tensor",
-    "all_reduce",
-    "all_to_all",
-    "all_to_all_single",
-    "broadcast",
-    "gather",
-    "reduce",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "scatter",
-]
+__all__ = ["KINDS", "TABLE", "Checked", "Kind", "Members", "Operation", "operation", "operation_named"]
 
 
 class Members(Protocol):
@@ -61,48 +66,122 @@ class Checked(NamedTuple):
     numel: int
 
 
-# -- device rules (a backend's binding applies them to each tensor it is shown) ---------------------
-
-#: The kind of device each backend on torch's engine runs, and what to do with a tensor elsewhere.
-_ENGINE_DEVICES = {
-    "nccl": ("cuda", "CUDA tensors only: move it to this rank's GPU (tensor.cuda()), or use backend 'tcp'"),
-    "torch-gloo": (
-        "cpu",
-        "CPU tensors only: use backend 'nccl' for CUDA tensors, or 'tcp' (which stages them through host memory)",
-    ),
-}
+#: ``check(group, binding, *arguments)``: the checked call, or a DistTypeError/DistValueError.
+Check = Callable[..., Checked]
 
 
-def check_device(backend: str, arg: str, device_type: str, where: str) -> None:
-    """Refuse a tensor on a device of type ``device_type`` (``where``: as the message names it)
-    if the engine of ``backend`` ("nccl", "torch-gloo") does not run that kind of device.
+class Operation(NamedTuple):
+    """One entry of the table.
+
+    Attributes:
+        name: the operation's name on both faces ("reduce_scatter_tensor").
+        check: its argument checks (the face's arguments after ``group``, before ``timeout``).
+        record: the name torch's profiler records for it, as gloo's backend names it
+            ("_reduce_scatter_base"); the blocking face prefixes the backend ("gloo:").
+        tensors: how many of its leading arguments are tensors or tensor lists (the blocking
+            face runs a call with non-contiguous ones on contiguous copies).
+        shown: the position, among those, of the input the profiler's record shows (None:
+            every tensor).
+    """
+
+    name: str
+    check: Check
+    record: str
+    tensors: int
+    shown: int | None
+
+
+#: Every tensor collective, by name.
+TABLE: dict[str, Operation] = {}
+
+
+def operation(
+    *, record: str | None = None, tensors: int = 1, shown: int | None = None
+) -> Callable[[Check], Check]:
+    """Declare the operation whose check is the decorated function (named as the operation)."""
+
+    def declare(check: Check) -> Check:
+        name = check.__name__
+        TABLE[name] = Operation(name, check, record or name, tensors, shown)
+        return check
+
+    return declare
+
+
+def operation_named(name: str) -> Operation:
+    """The table's entry ``name``.
 
     Raises:
-        DistValueError: naming ``arg``, the device and what to use instead.
+        DistValueError: no tensor collective is called ``name``.
     """
-    wanted, rule = _ENGINE_DEVICES[backend]
-    if device_type != wanted:
-        raise DistValueError(f"{arg} is on {where}, but backend {backend!r} runs {rule}")
+    try:
+        return TABLE[name]
+    except KeyError:
+        raise DistValueError(f"no tensor collective is called {name!r} (known: {', '.join(TABLE)})") from None
 
 
-class OneDevice:
-    """All the tensors of one call are on one device: a binding keeps one per call and shows it
-    each tensor's device (``check``) as the group's checks ask for the tensor."""
+# -- the kinds of collective: how aiodist's own backend plans each --------------------------------
 
-    __slots__ = ("first",)
 
-    def __init__(self) -> None:
-        self.first: tuple[str, str] | None = None
+class Kind(NamedTuple):
+    """How the native backend plans one kind of ``Op`` (``aiodist.backends.native.algorithm``).
 
-    def check(self, arg: str, device: str) -> None:
-        """Raises DistValueError if ``arg``'s ``device`` is not the first tensor's."""
-        if self.first is None:
-            self.first = (arg, device)
-        elif device != self.first[1]:
-            raise DistValueError(
-                f"the tensors of one call must be on one device: {self.first[0]} is on {self.first[1]} "
-                f"but {arg} is on {device}"
-            )
+    Attributes:
+        flat: its flat plan (the dispatcher picks its variant by size: ``select``).
+        host: its host-aware plan for ``select.host_algorithm``'s choice ("direct",
+            "hierarchical", "two-level"), or None: it has none.
+        host_bytes: the size ``select.host_algorithm`` weighs for it (with ``host``).
+    """
+
+    flat: Callable[[OpContext, Op], Plan]
+    host: Callable[[OpContext, Op, str], Plan] | None = None
+    host_bytes: Callable[[OpContext, Op], int] = lambda ctx, op: 0
+
+
+def _rop(op: Op) -> ReduceOp:
+    return op.reduce_op or ReduceOp.SUM
+
+
+def _first_output_bytes(ctx: OpContext, op: Op) -> int:
+    return int(op.outputs[0].nbytes)
+
+
+#: Every kind of ``Op``, by name.
+KINDS: dict[str, Kind] = {
+    "barrier": Kind(
+        lambda ctx, op: barrier_steps(ctx),
+        lambda ctx, op, how: hostaware.barrier(ctx, how),
+    ),
+    "broadcast": Kind(
+        lambda ctx, op: broadcast_plan(ctx, op.outputs[0], op.root),
+        lambda ctx, op, how: hostaware.broadcast(ctx, op.outputs[0], op.root, how),
+        _first_output_bytes,
+    ),
+    "all_reduce": Kind(
+        lambda ctx, op: allreduce(ctx, op.outputs[0], _rop(op)),
+        lambda ctx, op, how: hostaware.allreduce(ctx, op.outputs[0], _rop(op), how),
+        _first_output_bytes,
+    ),
+    "reduce": Kind(
+        lambda ctx, op: reduce_plan(ctx, op.outputs[0], _rop(op), op.root),
+        lambda ctx, op, how: hostaware.reduce(ctx, op.outputs[0], _rop(op), op.root, how),
+        _first_output_bytes,
+    ),
+    "all_gather": Kind(
+        lambda ctx, op: allgather(ctx, list(op.outputs), op.inputs[0]),
+        lambda ctx, op, how: hostaware.allgather(ctx, list(op.outputs), op.inputs[0], how),
+        # (the largest block: equal on every rank, as blocks may differ in size)
+        lambda ctx, op: max(int(b.nbytes) for b in op.outputs),
+    ),
+    "gather": Kind(lambda ctx, op: gather_plan(ctx, op.inputs[0], list(op.outputs) or None, op.root)),
+    "scatter": Kind(lambda ctx, op: scatter_plan(ctx, op.outputs[0], list(op.inputs) or None, op.root)),
+    "reduce_scatter": Kind(
+        lambda ctx, op: reduce_scatter_plan(ctx, op.outputs[0], list(op.inputs), _rop(op)),
+        lambda ctx, op, how: hostaware.reduce_scatter(ctx, op.outputs[0], list(op.inputs), _rop(op), how),
+        lambda ctx, op: int(op.outputs[0].nbytes) * ctx.size,
+    ),
+    "all_to_all": Kind(lambda ctx, op: alltoall(ctx, list(op.outputs), list(op.inputs))),
+}
 
 
 # -- the checks -------------------------------------------------------------------------------------
@@ -150,31 +229,44 @@ def _split(arr: Array, n: int) -> tuple[Array, ...]:
     return tuple(arr[i * b : (i + 1) * b] for i in range(n))
 
 
+_BARRIER = Checked(Op("barrier"), "", 0)
+
+
+@operation(tensors=0)
+def barrier(g: Members, b: Binding) -> Checked:
+    return _BARRIER
+
+
+@operation()
 def broadcast(g: Members, b: Binding, tensor: Any, src: int) -> Checked:
     root = g.group_rank(src, "src")
     arr = b.tensor(tensor, arg="tensor", role=INOUT, writable=g.rank != root)
     return Checked(Op("broadcast", (arr,), root=root), dtype_name(arr.dtype), arr.size)
 
 
-def all_reduce(g: Members, b: Binding, tensor: Any, op: Any) -> Checked:
+@operation()
+def all_reduce(g: Members, b: Binding, tensor: Any, op: Any = ReduceOp.SUM) -> Checked:
     arr = b.tensor(tensor, arg="tensor", role=INOUT, writable=True)
     rop = check_reduce(op, arr.dtype)
     return Checked(Op("all_reduce", (arr,), reduce_op=rop), dtype_name(arr.dtype), arr.size)
 
 
-def reduce(g: Members, b: Binding, tensor: Any, dst: int, op: Any) -> Checked:
+@operation()
+def reduce(g: Members, b: Binding, tensor: Any, dst: int, op: Any = ReduceOp.SUM) -> Checked:
     root = g.group_rank(dst, "dst")
     arr = b.tensor(tensor, arg="tensor", role=INOUT, writable=g.rank == root)
     rop = check_reduce(op, arr.dtype)
     return Checked(Op("reduce", (arr,), root=root, reduce_op=rop), dtype_name(arr.dtype), arr.size)
 
 
+@operation(tensors=2, shown=1)
 def all_gather(g: Members, b: Binding, tensor_list: Any, tensor: Any) -> Checked:
     inp = b.tensor(tensor, arg="tensor", role=IN, writable=False)
     outs = _tensor_list(b, tensor_list, "tensor_list", writable=True, length=g.size, like=inp)
     return Checked(Op("all_gather", tuple(outs), (inp,)), dtype_name(inp.dtype), inp.size)
 
 
+@operation(record="_allgather_base", tensors=2, shown=1)
 def all_gather_into_tensor(g: Members, b: Binding, output_tensor: Any, input_tensor: Any) -> Checked:
     inp = b.tensor(input_tensor, arg="input_tensor", role=IN, writable=False)
     out = b.tensor(output_tensor, arg="output_tensor", role=OUT, writable=True)
@@ -184,10 +276,11 @@ def all_gather_into_tensor(g: Members, b: Binding, output_tensor: Any, input_ten
             f"output_tensor has {out.size} elements but must have group size x input_tensor's = "
             f"{g.size} x {inp.size}"
         )
-    return Checked(Op("all_gather", _split(out, g.size), (inp,)), dtype_name(inp.dtype), inp.size)
+    return Checked(Op("all_gather", _split(out, g.size), (inp,), whole=True), dtype_name(inp.dtype), inp.size)
 
 
-def gather(g: Members, b: Binding, tensor: Any, gather_list: Any, dst: int) -> Checked:
+@operation(tensors=2, shown=0)
+def gather(g: Members, b: Binding, tensor: Any, gather_list: Any = None, dst: int = 0) -> Checked:
     root = g.group_rank(dst, "dst")
     inp = b.tensor(tensor, arg="tensor", role=IN, writable=False)
     outs: list[Array] = []
@@ -200,7 +293,8 @@ def gather(g: Members, b: Binding, tensor: Any, gather_list: Any, dst: int) -> C
     return Checked(Op("gather", tuple(outs), (inp,), root=root), dtype_name(inp.dtype), inp.size)
 
 
-def scatter(g: Members, b: Binding, tensor: Any, scatter_list: Any, src: int) -> Checked:
+@operation(tensors=2, shown=1)
+def scatter(g: Members, b: Binding, tensor: Any, scatter_list: Any = None, src: int = 0) -> Checked:
     root = g.group_rank(src, "src")
     out = b.tensor(tensor, arg="tensor", role=OUT, writable=True)
     ins: list[Array] = []
@@ -213,14 +307,16 @@ def scatter(g: Members, b: Binding, tensor: Any, scatter_list: Any, src: int) ->
     return Checked(Op("scatter", (out,), tuple(ins), root=root), dtype_name(out.dtype), out.size)
 
 
-def reduce_scatter(g: Members, b: Binding, output: Any, input_list: Any, op: Any) -> Checked:
+@operation(tensors=2, shown=1)
+def reduce_scatter(g: Members, b: Binding, output: Any, input_list: Any, op: Any = ReduceOp.SUM) -> Checked:
     out = b.tensor(output, arg="output", role=OUT, writable=True)
     ins = _tensor_list(b, input_list, "input_list", writable=False, length=g.size, like=out)
     rop = check_reduce(op, out.dtype)
     return Checked(Op("reduce_scatter", (out,), tuple(ins), reduce_op=rop), dtype_name(out.dtype), out.size)
 
 
-def reduce_scatter_tensor(g: Members, b: Binding, output: Any, input: Any, op: Any) -> Checked:
+@operation(record="_reduce_scatter_base", tensors=2, shown=1)
+def reduce_scatter_tensor(g: Members, b: Binding, output: Any, input: Any, op: Any = ReduceOp.SUM) -> Checked:
     out = b.tensor(output, arg="output", role=OUT, writable=True)
     inp = b.tensor(input, arg="input", role=IN, writable=False)
     _same_dtype(out, inp, "output", "input")
@@ -229,10 +325,11 @@ def reduce_scatter_tensor(g: Members, b: Binding, output: Any, input: Any, op: A
             f"input has {inp.size} elements but must have group size x output's = {g.size} x {out.size}"
         )
     rop = check_reduce(op, out.dtype)
-    op_ = Op("reduce_scatter", (out,), _split(inp, g.size), reduce_op=rop)
+    op_ = Op("reduce_scatter", (out,), _split(inp, g.size), reduce_op=rop, whole=True)
     return Checked(op_, dtype_name(out.dtype), out.size)
 
 
+@operation(tensors=2, shown=1)
 def all_to_all(g: Members, b: Binding, output_tensor_list: Any, input_tensor_list: Any) -> Checked:
     ins = _tensor_list(
         b, input_tensor_list, "input_tensor_list", writable=False, length=g.size, like=None, same_size=False
@@ -296,8 +393,14 @@ def _cut(arr: Array, splits: list[int], per_row: int) -> tuple[Array, ...]:
     return tuple(blocks)
 
 
+@operation(record="alltoall_base", tensors=2, shown=1)
 def all_to_all_single(
-    g: Members, b: Binding, output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any
+    g: Members,
+    b: Binding,
+    output: Any,
+    input: Any,
+    output_split_sizes: Any = None,
+    input_split_sizes: Any = None,
 ) -> Checked:
     out = b.tensor(output, arg="output", role=OUT, writable=True)
     inp = b.tensor(input, arg="input", role=IN, writable=False)
@@ -311,4 +414,4 @@ def all_to_all_single(
         raise DistValueError(
             f"this rank's own block is {ins[g.rank].size} elements in input but {outs[g.rank].size} in output"
         )
-    return Checked(Op("all_to_all", outs, ins), dtype_name(inp.dtype), -1)
+    return Checked(Op("all_to_all", outs, ins, whole=True), dtype_name(inp.dtype), -1)
