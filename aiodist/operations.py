@@ -138,15 +138,13 @@ class Kind(NamedTuple):
     host_bytes: Callable[[OpContext, Op], int] = lambda ctx, op: 0
 
 
-def _rop(op: Op) -> ReduceOp:
-    return op.reduce_op or ReduceOp.SUM
-
-
 def _first_output_bytes(ctx: OpContext, op: Op) -> int:
     return int(op.outputs[0].nbytes)
 
 
-#: Every kind of ``Op``, by name.
+_SUM = ReduceOp.SUM
+
+#: Every kind of ``Op``, by name (the planner calls one of these per operation).
 KINDS: dict[str, Kind] = {
     "barrier": Kind(
         lambda ctx, op: barrier_steps(ctx),
@@ -158,13 +156,13 @@ KINDS: dict[str, Kind] = {
         _first_output_bytes,
     ),
     "all_reduce": Kind(
-        lambda ctx, op: allreduce(ctx, op.outputs[0], _rop(op)),
-        lambda ctx, op, how: hostaware.allreduce(ctx, op.outputs[0], _rop(op), how),
+        lambda ctx, op: allreduce(ctx, op.outputs[0], op.reduce_op or _SUM),
+        lambda ctx, op, how: hostaware.allreduce(ctx, op.outputs[0], op.reduce_op or _SUM, how),
         _first_output_bytes,
     ),
     "reduce": Kind(
-        lambda ctx, op: reduce_plan(ctx, op.outputs[0], _rop(op), op.root),
-        lambda ctx, op, how: hostaware.reduce(ctx, op.outputs[0], _rop(op), op.root, how),
+        lambda ctx, op: reduce_plan(ctx, op.outputs[0], op.reduce_op or _SUM, op.root),
+        lambda ctx, op, how: hostaware.reduce(ctx, op.outputs[0], op.reduce_op or _SUM, op.root, how),
         _first_output_bytes,
     ),
     "all_gather": Kind(
@@ -176,8 +174,10 @@ KINDS: dict[str, Kind] = {
     "gather": Kind(lambda ctx, op: gather_plan(ctx, op.inputs[0], list(op.outputs) or None, op.root)),
     "scatter": Kind(lambda ctx, op: scatter_plan(ctx, op.outputs[0], list(op.inputs) or None, op.root)),
     "reduce_scatter": Kind(
-        lambda ctx, op: reduce_scatter_plan(ctx, op.outputs[0], list(op.inputs), _rop(op)),
-        lambda ctx, op, how: hostaware.reduce_scatter(ctx, op.outputs[0], list(op.inputs), _rop(op), how),
+        lambda ctx, op: reduce_scatter_plan(ctx, op.outputs[0], list(op.inputs), op.reduce_op or _SUM),
+        lambda ctx, op, how: hostaware.reduce_scatter(
+            ctx, op.outputs[0], list(op.inputs), op.reduce_op or _SUM, how
+        ),
         lambda ctx, op: int(op.outputs[0].nbytes) * ctx.size,
     ),
     "all_to_all": Kind(lambda ctx, op: alltoall(ctx, list(op.outputs), list(op.inputs))),
