@@ -373,3 +373,24 @@ async def test_torch_store_adapter_blocks_on_the_loop_from_other_threads() -> No
     # On the loop's own thread it would wait for itself: a clear error instead of a hang.
     with pytest.raises(dist.DistStoreError, match="loop's own thread"):
         ts.get("a")
+
+
+async def test_a_kind_torchs_engine_does_not_run_is_refused_and_its_number_given_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from support.declared import declare_test_operations
+
+    declare_test_operations(monkeypatch)
+    fabric, engines = await _engines(2)
+    try:
+        groups = [e.group for e in engines]
+        for g in groups:
+            with pytest.raises(dist.DistValueError, match="ring_shift is not run by torch's gloo engine"):
+                g.collective("shift", torch.zeros(2), torch.ones(2))
+        # An operation over a kind it runs goes through, numbered as if nothing had been refused.
+        ts = [torch.full((2,), float(r + 1)) for r in range(2)]
+        await asyncio.gather(*(g.collective("sum_all", t) for g, t in zip(groups, ts, strict=True)))
+        await asyncio.gather(*(dist.barrier(group=g) for g in groups))
+        assert [t.tolist() for t in ts] == [[3.0, 3.0]] * 2
+    finally:
+        await _close(fabric, engines)
