@@ -11,8 +11,8 @@ The group runs any entry by name (``ProcessGroup.collective``); the planner
 (``aiodist.face.tensor_collectives``) and the blocking face (``aiodist.sync._collectives``) hold
 one declaration each per entry (the signature and docstring users read), whose body runs the
 entry by name. So an operation over an existing kind of collective is three declarations: here
-and on each face; a new kind adds its algorithm and its case in the planner
-(``tests/unit/test_operation_table.py`` keeps the count).
+and on each face; a new kind adds its algorithm (``collectives/``) and its line in ``KINDS``
+here (``tests/unit/test_operation_table.py`` keeps the count).
 
 Fingerprint counts: the element count of the tensor every rank passes with the same size
 (``tensor``; ``all_gather``: the input; ``gather``: the input; ``scatter``/``reduce_scatter``:
@@ -279,17 +279,30 @@ def all_gather_into_tensor(g: Members, b: Binding, output_tensor: Any, input_ten
     return Checked(Op("all_gather", _split(out, g.size), (inp,), whole=True), dtype_name(inp.dtype), inp.size)
 
 
+_ROOT_WORDS = {"dst": "destination", "src": "source"}
+
+
+def _root_list(
+    g: Members, b: Binding, objs: Any, arg: str, root: int, like: Array, *, writable: bool, root_arg: str
+) -> list[Array]:
+    """The tensor list ``arg`` ("gather_list") of the operation rooted at ``root``: one tensor
+    per member on the root, which must give it; none on the other ranks (``root_arg``: the
+    root's argument, "dst" or "src", as the messages name it)."""
+    what = arg.removesuffix("_list")
+    if g.rank != root:
+        if objs:
+            raise DistValueError(f"{what}: {arg} must not be given on ranks other than {root_arg}")
+        return []
+    if objs is None:
+        raise DistValueError(f"{what}: {arg} is required on the {_ROOT_WORDS[root_arg]} rank")
+    return _tensor_list(b, objs, arg, writable=writable, length=g.size, like=like)
+
+
 @operation(tensors=2, shown=0)
 def gather(g: Members, b: Binding, tensor: Any, gather_list: Any = None, dst: int = 0) -> Checked:
     root = g.group_rank(dst, "dst")
     inp = b.tensor(tensor, arg="tensor", role=IN, writable=False)
-    outs: list[Array] = []
-    if g.rank == root:
-        if gather_list is None:
-            raise DistValueError("gather: gather_list is required on the destination rank")
-        outs = _tensor_list(b, gather_list, "gather_list", writable=True, length=g.size, like=inp)
-    elif gather_list:
-        raise DistValueError("gather: gather_list must not be given on ranks other than dst")
+    outs = _root_list(g, b, gather_list, "gather_list", root, inp, writable=True, root_arg="dst")
     return Checked(Op("gather", tuple(outs), (inp,), root=root), dtype_name(inp.dtype), inp.size)
 
 
@@ -297,13 +310,7 @@ def gather(g: Members, b: Binding, tensor: Any, gather_list: Any = None, dst: in
 def scatter(g: Members, b: Binding, tensor: Any, scatter_list: Any = None, src: int = 0) -> Checked:
     root = g.group_rank(src, "src")
     out = b.tensor(tensor, arg="tensor", role=OUT, writable=True)
-    ins: list[Array] = []
-    if g.rank == root:
-        if scatter_list is None:
-            raise DistValueError("scatter: scatter_list is required on the source rank")
-        ins = _tensor_list(b, scatter_list, "scatter_list", writable=False, length=g.size, like=out)
-    elif scatter_list:
-        raise DistValueError("scatter: scatter_list must not be given on ranks other than src")
+    ins = _root_list(g, b, scatter_list, "scatter_list", root, out, writable=False, root_arg="src")
     return Checked(Op("scatter", (out,), tuple(ins), root=root), dtype_name(out.dtype), out.size)
 
 

@@ -20,6 +20,7 @@ from aiodist.backends.base import Array, Binding, BoundGroup, Gate, Op, Role, Te
 from aiodist.collectives import select
 from aiodist.collectives.context import OpContext
 from aiodist.collectives.steps import Plan, Steps, is_steps, run
+from aiodist.errors import DistValueError
 from aiodist.operations import KINDS
 from aiodist.work import Work
 
@@ -32,7 +33,11 @@ def algorithm(ctx: OpContext, op: Op) -> Plan:
     group's layout over hosts calls for one (``select.host_algorithm``), else the flat one
     (whose dispatcher picks its variant by size: ``select``). Small and one-host forms come as
     steps, advanced by their arrivals with no task; the others as coroutines."""
-    kind = KINDS[op.kind]
+    kind = KINDS.get(op.kind)
+    if kind is None:  # (an entry of the table made an Op of a kind it did not declare)
+        raise DistValueError(
+            f"{op.kind!r} is no kind of collective aiodist plans (see aiodist.operations.KINDS)"
+        )
     if kind.host is not None:
         how = select.host_algorithm(op.kind, kind.host_bytes(ctx, op), ctx)
         if how != "flat":

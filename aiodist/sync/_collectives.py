@@ -16,7 +16,7 @@ from aiodist.face.sparse import is_sparse, sparse_all_reduce
 from aiodist.ops import ReduceOp
 from aiodist.sync._bridge import call
 from aiodist.sync._core import check_complex_op, seconds_of
-from aiodist.sync._launch import run_collective
+from aiodist.sync._launch import run_entry
 from aiodist.sync._preamble import ANY, resolved, torch_op
 from aiodist.work import Work
 
@@ -63,7 +63,7 @@ def barrier(
         None once every member entered; with ``async_op=True`` at once, the ``Work``.
     """
     seconds = seconds_of(timeout)
-    return run_collective("barrier", group, async_op, timeout=seconds)
+    return run_entry("barrier", group, async_op, timeout=seconds)
 
 
 @torch_op(root="src")
@@ -85,7 +85,7 @@ def broadcast(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_collective("broadcast", group, async_op, tensor, resolved(src))
+    return run_entry("broadcast", group, async_op, tensor, resolved(src))
 
 
 @torch_op()
@@ -104,7 +104,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
     if op is not ReduceOp.SUM:
         check_complex_op("all_reduce", op, [tensor])
     try:
-        return run_collective("all_reduce", group, async_op, tensor, op)
+        return run_entry("all_reduce", group, async_op, tensor, op)
     except DistTypeError:
         if not is_sparse(tensor):
             raise
@@ -132,7 +132,7 @@ def reduce(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_collective("reduce", group, async_op, tensor, resolved(dst), op)
+    return run_entry("reduce", group, async_op, tensor, resolved(dst), op)
 
 
 @torch_op()
@@ -148,7 +148,7 @@ def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool 
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_collective("all_gather", group, async_op, tensor_list, tensor)
+    return run_entry("all_gather", group, async_op, tensor_list, tensor)
 
 
 @torch_op()
@@ -166,7 +166,7 @@ def all_gather_into_tensor(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_collective("all_gather_into_tensor", group, async_op, output_tensor, input_tensor)
+    return run_entry("all_gather_into_tensor", group, async_op, output_tensor, input_tensor)
 
 
 all_gather_single = all_gather_into_tensor
@@ -194,7 +194,7 @@ def gather(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_collective("gather", group, async_op, tensor, gather_list, resolved(dst))
+    return run_entry("gather", group, async_op, tensor, gather_list, resolved(dst))
 
 
 @torch_op(root="src", root_default=0)
@@ -218,7 +218,7 @@ def scatter(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_collective("scatter", group, async_op, tensor, scatter_list, resolved(src))
+    return run_entry("scatter", group, async_op, tensor, scatter_list, resolved(src))
 
 
 @torch_op()
@@ -237,7 +237,7 @@ def reduce_scatter(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_collective("reduce_scatter", group, async_op, output, input_list, op)
+    return run_entry("reduce_scatter", group, async_op, output, input_list, op)
 
 
 @torch_op()
@@ -256,7 +256,7 @@ def reduce_scatter_tensor(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_collective("reduce_scatter_tensor", group, async_op, output, input, op)
+    return run_entry("reduce_scatter_tensor", group, async_op, output, input, op)
 
 
 reduce_scatter_single = reduce_scatter_tensor
@@ -278,7 +278,7 @@ def all_to_all(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_collective("all_to_all", group, async_op, output_tensor_list, input_tensor_list)
+    return run_entry("all_to_all", group, async_op, output_tensor_list, input_tensor_list)
 
 
 @torch_op()
@@ -304,7 +304,7 @@ def all_to_all_single(
     Returns:
         None once done; with ``async_op=True`` at once, the ``Work`` (``wait()`` blocks until done).
     """
-    return run_collective(
+    return run_entry(
         "all_to_all_single", group, async_op, output, input, output_split_sizes, input_split_sizes
     )
 

@@ -31,7 +31,7 @@ from aiodist.sync import _job_backend
 from aiodist.sync._bridge import call
 from aiodist.work import Work
 
-__all__ = ["begin_record", "end_record", "profiling", "run_collective", "run_op"]
+__all__ = ["begin_record", "end_record", "profiling", "run_entry", "run_op"]
 
 
 # The records opened while a profiler runs. torch reads a record's end thread (what makes it
@@ -99,9 +99,7 @@ def run_op(
     return _run_slow(name, start, async_op, tensors, record=None)
 
 
-def run_collective(
-    name: str, group: Any, async_op: bool, *args: Any, timeout: float | None = None
-) -> Work | None:
+def run_entry(name: str, group: Any, async_op: bool, *args: Any, timeout: float | None = None) -> Work | None:
     """``run_op`` for the operation table's entry ``name`` (``aiodist.operations``) on ``group``,
     with the async face's arguments between ``group`` and ``timeout``: its leading tensor
     arguments are those a non-contiguous tensor is copied for, and the profiler's record is

@@ -4,10 +4,10 @@
 ends say which host they are on (``ShmHello``); between ranks of one host each creates a
 segment for the direction it writes (``shm_segment``), offers its name over the authenticated
 connection, the reader maps it, proves it sees the same memory (the nonce, and an echo the
-creator checks) and tries a single-copy read of the creator's memory; then the creator unlinks the name and says
-``ShmStart`` on TCP, after which its data messages for that peer go through the segment. Any
-failure leaves that direction on TCP (logged at debug level). TCP keeps the handshake,
-control, aborts, mismatch reports and goodbyes, and carries the doorbells.
+creator checks) and tries a single-copy read of the creator's memory; then the creator unlinks
+the name and says ``ShmStart`` on TCP, after which its data messages for that peer go through
+the segment. Any failure leaves that direction on TCP (logged at debug level). TCP keeps the
+handshake, control, aborts, mismatch reports and goodbyes, and carries the doorbells.
 
 A ``_Link`` is one peer: the ring this rank writes (``out``) and the one it reads (``inp``).
 Messages are records of the ring, matched by the transport's ``Mailbox`` exactly as TCP frames

@@ -64,3 +64,22 @@ async def test_ranks_that_call_it_against_another_operation_get_a_mismatch() -> 
 
     messages = await run_memory_world(2, rank, timeout=10)
     assert any("shift #" in m and "all_reduce #" in m for m in messages), messages
+
+
+async def test_an_entry_whose_kind_is_not_declared_is_refused_at_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from aiodist import operations
+    from aiodist.backends.base import Op
+
+    def orphan(g: object, b: object) -> operations.Checked:
+        return operations.Checked(Op("nowhere"), "", 0)
+
+    monkeypatch.setitem(operations.TABLE, "orphan", operations.Operation("orphan", orphan, "orphan", 0, None))
+
+    async def rank(g: ProcessGroup) -> None:
+        with pytest.raises(dist.DistValueError, match="'nowhere' is no kind of collective aiodist plans"):
+            g.collective("orphan")
+        await g.collective("barrier")  # its number was given back: the ranks still agree
+
+    await run_memory_world(2, rank)

@@ -66,7 +66,7 @@ def test_an_entry_names_the_tensors_its_faces_stage(name: str) -> None:
 def _modules_naming() -> dict[str, set[str]]:
     """For each entry, the modules of aiodist naming it in code: a function of that name or a
     string equal to it, not a docstring and not the name passed to ``collective`` /
-    ``run_collective`` (a face running its entry, or a caller running an operation)."""
+    ``run_entry`` (a face running its entry, or a caller running an operation)."""
     named: dict[str, set[str]] = {name: set() for name in TABLE}
     for path in sorted(ROOT.rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
@@ -82,7 +82,7 @@ def _modules_naming() -> dict[str, set[str]]:
             if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
                 f = node.func
                 called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
-                if called in ("collective", "run_collective"):
+                if called in ("collective", "run_entry"):
                     skipped.add(id(node.args[0]))
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped:
