@@ -129,6 +129,8 @@ def _nodes_disagree(a: Identity, b: Identity) -> str:
             "attempt behind another. This worker fails so that its agent counts a restart and the next "
             "attempt starts in step (--max-restarts must allow it)"
         )
+    if a.node is not None and b.node is not None and a.node > b.node:
+        a, b = b, a  # the same words on every rank, whichever of them raises
     if a.node is None or b.node is None or a.local_world_size is None or b.local_world_size is None:
         return ""
     if a.local_world_size != b.local_world_size:

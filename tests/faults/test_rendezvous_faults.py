@@ -33,6 +33,7 @@ from aiodist.face.world import world
 from aiodist.rendezvous import interface_address, local_address_towards
 from aiodist.store.client import SILENCE_VERDICT
 from aiodist.testing import free_port, spawn
+from aiodist.transport.mesh import Identity, world_size_disagreement
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -232,6 +233,14 @@ def test_nodes_that_disagree_are_told_apart(case: str) -> None:
     for _, msg, took in res:
         assert all(e in msg for e in expected), msg
         assert took < 10, took
+
+
+def test_disagreeing_nodes_read_the_same_whichever_rank_reports() -> None:
+    node0 = Identity(0, 4, "h0", 10, node=0, local_rank=0, local_world_size=2)
+    node1 = Identity(1, 2, "h1", 11, node=1, local_rank=0, local_world_size=1)
+    said = {world_size_disagreement(node0, node1), world_size_disagreement(node1, node0)}
+    for msg in said:
+        assert "the nodes disagree: node 0 runs 2 processes per node, node 1 runs 1" in msg, msg
 
 
 # -- progress while a rendezvous waits ---------------------------------------------------------
