@@ -72,11 +72,16 @@ from aiodist.transport.shm_segment import (
 )
 from aiodist.wire.frames import DEFAULT_LIMITS, ProtocolError, decode_header
 from aiodist.wire.shm import (
+    BIN_DATA,
+    BIN_TAG,
     DATA,
     DESC,
     DROP,
     MORE,
     PART,
+    SHAPE,
+    ShapeReader,
+    ShapeWriter,
     ShmAccept,
     ShmBell,
     ShmDecline,
@@ -173,8 +178,10 @@ class _Link:
         self.in_state = _PENDING
         self.out_seg: Segment | None = None
         self.out: Ring | None = None
+        self.shapes_out = ShapeWriter(paths.packb)  # (the fingerprint shapes numbered in ``out``)
         self.in_seg: Segment | None = None
         self.inp: Ring | None = None
+        self.shapes_in = ShapeReader()  # (those numbered in ``inp``)
         self.cma = False  # the peer may read our memory directly (it said so)
         self.backlog: deque[_Send] = deque()
         self.unacked: deque[_Send] = deque()
@@ -211,11 +218,7 @@ class _Link:
         out = self.out
         assert out is not None
         eager = n <= paths.eager
-        if (
-            eager
-            and not self.backlog
-            and out.try_write(paths.packb([DATA, key[0], key[1], key[2], fp]), payload)
-        ):
+        if eager and not self.backlog and self._write_data(out, key, fp, payload):
             paths.bytes_sent += n
             self.wake_peer()
             return paths.done
@@ -239,7 +242,7 @@ class _Link:
         while self.backlog:
             s = self.backlog[0]
             if s.kind == DATA:
-                if not out.try_write(paths.packb([DATA, *s.key, s.fp]), s.payload):
+                if not self._write_data(out, s.key, s.fp, s.payload):
                     break
                 paths.bytes_sent += s.payload.nbytes
                 _resolve(s.future)
@@ -281,6 +284,16 @@ class _Link:
         if wrote:
             paths.moved += 1
             self.wake_peer()
+
+    def _write_data(self, out: Ring, key: Key, fp: Fingerprint | None, payload: memoryview) -> bool:
+        """Write an eager data record (its fingerprint's shape first, where new); False: no room."""
+        define, header = self.shapes_out.header(key, fp)
+        if define is not None and not out.try_write(define, _EMPTY):
+            self.shapes_out.forget_last()
+            return False
+        if header is None:
+            header = self.paths.packb([DATA, key[0], key[1], key[2], fp])
+        return out.try_write(header, payload)
 
     def out_freed(self) -> bool:
         """The reader has freed room since a write last found none."""
@@ -412,8 +425,15 @@ class _Link:
     def _take(self, raw: memoryview, payload: memoryview) -> bool:
         """Handle one record; False: it must wait (the record stays in the ring)."""
         paths = self.paths
-        rh = decode_record_header(decode_header(raw, DEFAULT_LIMITS), payload.nbytes)
         mailbox = paths.mailbox
+        if raw.nbytes == BIN_DATA.size and raw[0] == BIN_TAG:  # eager data: the common case
+            key, fp = self.shapes_in.data(raw)
+            return paths.closing() or self._take_data(key, fp, payload)
+        decoded = decode_header(raw, DEFAULT_LIMITS)
+        if type(decoded) is list and decoded and decoded[0] == SHAPE:
+            self.shapes_in.define(decoded)
+            return True
+        rh = decode_record_header(decoded, payload.nbytes)
         if rh.kind == MORE:
             return self._piece(payload)
         if rh.kind == DROP:
@@ -426,21 +446,7 @@ class _Link:
                 return self._piece(payload)
             return True
         if rh.kind == DATA:
-            target = mailbox.match(self.peer, key, n, fp)
-            if isinstance(target, PendingRecv):
-                target.buf[:] = payload
-                paths.bytes_received += n
-                mailbox.complete(target, self.peer)
-                return True
-            if target is DISCARD:
-                return True
-            if n > HOLD_AT_ONCE and self._park(n):
-                return False
-            if n and not self._room_for(n):
-                return self._no_room(n)
-            paths.bytes_received += n
-            mailbox.deliver(self.peer, key, fp, payload, owned=False)
-            return True
+            return self._take_data(key, fp, payload)
         if rh.kind == PART:
             target = mailbox.match(self.peer, key, n, fp)
             if isinstance(target, PendingRecv):
@@ -476,6 +482,27 @@ class _Link:
             return self._no_room(n)
         paths.reserve(n)
         self._start_read(rh.pid, rh.addr, memoryview(bytearray(n)), None, key, fp)
+        return True
+
+    def _take_data(self, key: Key, fp: Fingerprint | None, payload: memoryview) -> bool:
+        """An eager message: into its posted receive, else held (False: it must wait)."""
+        paths = self.paths
+        mailbox = paths.mailbox
+        n = payload.nbytes
+        target = mailbox.match(self.peer, key, n, fp)
+        if isinstance(target, PendingRecv):
+            target.buf[:] = payload
+            paths.bytes_received += n
+            mailbox.complete(target, self.peer)
+            return True
+        if target is DISCARD:
+            return True
+        if n > HOLD_AT_ONCE and self._park(n):
+            return False
+        if n and not self._room_for(n):
+            return self._no_room(n)
+        paths.bytes_received += n
+        mailbox.deliver(self.peer, key, fp, payload, owned=False)
         return True
 
     def _park(self, n: int) -> bool:

@@ -44,7 +44,7 @@ __all__ = [
     "verify_welcome",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: eager shared-memory records have a binary header (wire.shm)
 NONCE_BYTES = 16
 _MAX_REFUSAL = 500
 CROSSING = "crossing: this rank dials you too; its connection is the one kept"

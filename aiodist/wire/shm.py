@@ -12,10 +12,23 @@ A ``ShmBell`` says "look at your rings and completions with me": the doorbell of
 that is not polling.
 
 Ring records: a fixed prefix (``RECORD``: record length, header length, payload length), a
-msgpack header, then the payload, padded to ``ALIGN`` bytes. A prefix whose header length is
-``WRAP`` skips to the start of the ring. Headers:
+header, then the payload, padded to ``ALIGN`` bytes. A prefix whose header length is ``WRAP``
+skips to the start of the ring.
 
-    [DATA, gid, chan, n, fp]                      payload inline (eager)
+An eager data record, the record of every small message, has a fixed binary header
+(``BIN_DATA``: its first byte ``BIN_TAG``, which no msgpack list starts with), read with one
+``struct`` call::
+
+    tag, chan, shape id, gid, n, seq          payload inline (eager)
+
+The fingerprint travels as its *shape*, numbered per ring: the fingerprint without its sequence
+number (which travels in the header), defined once by a ``SHAPE`` record before the first
+record that uses it (``ShapeWriter``, ``ShapeReader``). Shape 0 is "no fingerprint". The other
+headers are msgpack lists:
+
+    [SHAPE, id, shape]                            the fingerprint shape numbered ``id``
+    [DATA, gid, chan, n, fp]                      payload inline (eager), a fingerprint no
+                                                  shape could carry (or past ``MAX_SHAPES``)
     [DESC, gid, chan, n, fp, nbytes, pid, addr]   single copy: read ``nbytes`` at ``addr`` of ``pid``
     [PART, gid, chan, n, fp, nbytes]              the first piece of a message sent in pieces
     [MORE]                                        the next piece of that message
@@ -38,7 +51,11 @@ __all__ = [
     "DROP",
     "MORE",
     "PART",
+    "BIN_DATA",
+    "BIN_TAG",
+    "MAX_SHAPES",
     "RECORD",
+    "SHAPE",
     "WRAP",
     "RecordHeader",
     "ShmAccept",
@@ -48,12 +65,17 @@ __all__ = [
     "ShmMessage",
     "ShmOffer",
     "ShmStart",
+    "ShapeReader",
+    "ShapeWriter",
     "decode_record_header",
     "decode_shm",
     "record_size",
 ]
 
 RECORD = struct.Struct("<IIQ")  # record length (padded), header length, payload length
+BIN_DATA = struct.Struct("<BBxxIqqq")  # BIN_TAG, chan, shape id, gid, n, fingerprint's seq
+BIN_TAG = 0x01  # (a msgpack list starts with 0x90-0x9F, 0xDC or 0xDD)
+MAX_SHAPES = 4096  # shapes numbered per ring; fingerprints of others travel in msgpack
 ALIGN = 16
 WRAP = 0xFFFFFFFF  # header length of a record that only skips to the ring's start
 
@@ -62,6 +84,7 @@ DESC = 1
 PART = 2
 MORE = 3
 DROP = 4
+SHAPE = 5
 
 _NONCE = 16
 _MAX_NAME = 255
@@ -232,3 +255,97 @@ def decode_record_header(raw: Any, payload_len: int) -> RecordHeader:
     if kind == DESC and n == 8 and payload_len == 0 and all(type(v) is int and v >= 0 for v in raw[5:]):
         return RecordHeader(DESC, key, fp, raw[5], raw[6], raw[7])
     raise _bad(f"record of kind {kind} with {n} fields")
+
+
+# A fingerprint's shape: the fingerprint with its sequence number (index 1 of a collective's
+# seven items) left out, as a tuple (a dict key). A point-to-point fingerprint is its own shape.
+_Shape = tuple[Any, ...]
+_SEQ = 1
+_COLLECTIVE_ITEMS = 7
+
+
+class ShapeWriter:
+    """The writing end's numbering of fingerprint shapes (one per ring).
+
+    ``header(key, fp)`` gives the binary header of an eager data record, and the ``SHAPE``
+    record that must precede it in the ring when its shape is new (else None). It gives None
+    instead of a header when the fingerprint has no shape the header can carry (an item that
+    is not hashable, a number out of the header's range), or when ``MAX_SHAPES`` are numbered
+    already: the record then takes a msgpack header.
+    """
+
+    __slots__ = ("_ids", "_last", "_pack")
+
+    def __init__(self, pack: Any) -> None:
+        self._ids: dict[_Shape, int] = {}
+        self._last: _Shape | None = None
+        self._pack = pack  # (msgpack's, for the SHAPE records)
+
+    def forget_last(self) -> None:
+        """The ``SHAPE`` record of the last ``header`` found no room: its number is free again."""
+        if self._last is not None:
+            del self._ids[self._last]
+            self._last = None
+
+    def header(self, key: tuple[int, int, int], fp: list[Any] | None) -> tuple[bytes | None, bytes | None]:
+        """``(shape record or None, binary header or None)`` for a data record of ``key``/``fp``."""
+        define = None
+        if fp is None:
+            sid, seq = 0, 0
+        else:
+            if len(fp) == _COLLECTIVE_ITEMS:
+                seq = fp[_SEQ]
+                shape: _Shape = (fp[0], None, *fp[2:])
+            else:
+                seq, shape = 0, tuple(fp)
+            try:
+                sid = self._ids.get(shape, 0)
+            except TypeError:  # (an item that is not hashable)
+                return None, None
+            if not sid:
+                if len(self._ids) >= MAX_SHAPES or type(seq) is not int:
+                    return None, None
+                sid = len(self._ids) + 1
+                define = self._pack([SHAPE, sid, list(shape)])
+                self._ids[shape] = sid
+                self._last = shape
+        try:
+            return define, BIN_DATA.pack(BIN_TAG, key[1], sid, key[0], key[2], seq)
+        except struct.error:  # (a number beyond 64 bits: msgpack carries it)
+            return define, None
+
+
+class ShapeReader:
+    """The reading end's table of fingerprint shapes (one per ring), filled by ``SHAPE`` records."""
+
+    __slots__ = ("_shapes",)
+
+    def __init__(self) -> None:
+        self._shapes: list[list[Any] | None] = [None]  # id 0: no fingerprint
+
+    def define(self, raw: Any) -> None:
+        """Take a decoded ``[SHAPE, id, shape]`` header; ids come in order, from 1."""
+        if (
+            type(raw) is not list
+            or len(raw) != 3
+            or type(raw[1]) is not int
+            or raw[1] != len(self._shapes)
+            or type(raw[2]) is not list
+            or len(self._shapes) > MAX_SHAPES
+        ):
+            raise _bad("fingerprint shape record")
+        self._shapes.append(raw[2])
+
+    def data(self, raw: memoryview) -> tuple[tuple[int, int, int], list[Any] | None]:
+        """The key and fingerprint of an eager data record's binary header (``BIN_DATA.size``
+        bytes, the caller checked)."""
+        _, chan, sid, gid, n, seq = BIN_DATA.unpack_from(raw)
+        if sid >= len(self._shapes):
+            raise _bad(f"fingerprint shape {sid} was never defined")
+        shape = self._shapes[sid]
+        if shape is None:
+            return (gid, chan, n), None
+        fp = list(shape)
+        if len(fp) == _COLLECTIVE_ITEMS:
+            fp[_SEQ] = seq
+        return (gid, chan, n), fp

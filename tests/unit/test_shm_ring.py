@@ -19,11 +19,17 @@ from aiodist.transport import shm_segment
 from aiodist.transport.shm_segment import Ring, Segment, address_of, cma_read, sweep
 from aiodist.wire.frames import ProtocolError
 from aiodist.wire.shm import (
+    BIN_DATA,
+    BIN_TAG,
     DATA,
     DESC,
     DROP,
+    MAX_SHAPES,
     MORE,
     PART,
+    SHAPE,
+    ShapeReader,
+    ShapeWriter,
     ShmAccept,
     ShmBell,
     ShmDecline,
@@ -234,3 +240,95 @@ def test_setup_messages_travel_as_peer_frames() -> None:
         decode([KIND_SHM, 0, 0, 0, ["bell"]], 8)  # no payload on these
     with pytest.raises(ProtocolError):
         decode([KIND_SHM, 0, 0, 0, ["ring"]], 0)
+
+
+# -- binary headers of eager data records ----------------------------------------------------
+def _pack(obj: object) -> bytes:
+    import msgpack
+
+    return bytes(msgpack.packb(obj, use_bin_type=True))
+
+
+def _read(reader: ShapeReader, ring: Ring) -> list[tuple[object, object, bytes]]:
+    """What the reading end makes of every record in ``ring``: (key, fingerprint, payload)."""
+    from aiodist.wire.frames import DEFAULT_LIMITS, decode_header
+
+    out = []
+    while (rec := ring.peek()) is not None:
+        head, payload, rlen = rec
+        if head.nbytes == BIN_DATA.size and head[0] == BIN_TAG:
+            key, fp = reader.data(head)
+            out.append((key, fp, bytes(payload)))
+        else:
+            raw = decode_header(head, DEFAULT_LIMITS)
+            if raw[0] == SHAPE:
+                reader.define(raw)
+            else:
+                rh = decode_record_header(raw, payload.nbytes)
+                out.append((rh.key, rh.fp, bytes(payload)))
+        ring.advance(rlen)
+    return out
+
+
+def _write(writer: ShapeWriter, ring: Ring, key: tuple[int, int, int], fp: list[object] | None) -> bool:
+    define, header = writer.header(key, fp)
+    if define is not None:
+        assert ring.try_write(define, memoryview(b""))
+    return ring.try_write(header if header is not None else _pack([DATA, *key, fp]), memoryview(b"abcd"))
+
+
+def test_binary_headers_carry_keys_and_fingerprints_exactly(pair: tuple[Segment, Segment]) -> None:
+    w, r = Ring(pair[0]), Ring(pair[1])
+    writer, reader = ShapeWriter(_pack), ShapeReader()
+    sent = [
+        ((0, 1, -5), ["send", "float32", 1]),  # point-to-point, a negative tag
+        ((7 << 40, 0, 3), ["all_reduce", 3, "float32", 1, -1, "SUM", "main"]),
+        ((7 << 40, 0, 4), ["all_reduce", 4, "float32", 1, -1, "SUM", "main"]),  # same shape
+        ((7 << 40, 0, 5), ["broadcast", 5, "int64", 9, 1, None, "thread t"]),
+        ((0, 1, 2), None),
+        ((0, 1, 2), ["send", ["not", "hashable"], 1]),  # msgpack carries it
+        (((1 << 63) + 5, 1, 1), ["send", "float32", 1]),  # beyond a signed 64-bit: msgpack too
+    ]
+    for key, fp in sent:
+        assert _write(writer, w, key, fp)
+    got = _read(reader, r)
+    assert [(k, fp) for k, fp, _ in got] == [(tuple(k), fp) for k, fp in sent]
+    assert all(payload == b"abcd" for _, _, payload in got)
+
+
+def test_a_shape_is_defined_once_per_ring(pair: tuple[Segment, Segment]) -> None:
+    writer = ShapeWriter(_pack)
+    first = writer.header((0, 0, 1), ["all_reduce", 1, "float32", 1, -1, "SUM", "main"])
+    again = writer.header((0, 0, 2), ["all_reduce", 2, "float32", 1, -1, "SUM", "main"])
+    other = writer.header((0, 0, 3), ["all_reduce", 3, "float32", 2, -1, "SUM", "main"])
+    assert first[0] is not None and again[0] is None and other[0] is not None
+    assert all(h is not None and len(h) == BIN_DATA.size for _, h in (first, again, other))
+
+
+def test_a_shape_that_found_no_room_is_defined_again() -> None:
+    writer = ShapeWriter(_pack)
+    fp = ["send", "float32", 4]
+    define, _ = writer.header((0, 1, 0), fp)
+    writer.forget_last()  # (its SHAPE record was not written)
+    again, _ = writer.header((0, 1, 0), fp)
+    assert define is not None and again == define  # the same number, defined this time
+
+
+def test_past_max_shapes_fingerprints_travel_in_msgpack() -> None:
+    writer = ShapeWriter(_pack)
+    for i in range(MAX_SHAPES):
+        assert writer.header((0, 1, 0), ["send", "float32", i])[1] is not None
+    assert writer.header((0, 1, 0), ["send", "float32", MAX_SHAPES]) == (None, None)
+    assert writer.header((0, 1, 0), ["send", "float32", 7])[0] is None  # known shapes still go
+
+
+def test_reader_refuses_shapes_it_was_not_given() -> None:
+    reader = ShapeReader()
+    undefined = memoryview(BIN_DATA.pack(BIN_TAG, 1, 1, 0, 0, 0))
+    with pytest.raises(ProtocolError, match="never defined"):
+        reader.data(undefined)
+    for bad in ([SHAPE, 2, ["send"]], [SHAPE, 1, "send"], [SHAPE, True, ["send"]], [SHAPE, 1]):
+        with pytest.raises(ProtocolError):
+            reader.define(bad)
+    reader.define([SHAPE, 1, ["send", "float32", 1]])
+    assert reader.data(undefined) == ((0, 1, 0), ["send", "float32", 1])
