@@ -11,11 +11,11 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 BENCH_OUT := build/bench
 
-.PHONY: install demo test test-fast test-hosts test-gpu test-torch-suite bench bench-init bench-calls lint typecheck clean
+.PHONY: install demo test test-fast test-python-engine test-hosts test-gpu test-torch-suite bench bench-init bench-calls lint typecheck clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py $(wildcard aiodist/*/*.pyx)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(LOCAL_TORCH),$(PY) -m pip install -q --no-index --find-links $(WHEELS) --no-deps 'torch==2.13.0')
@@ -34,6 +34,14 @@ test: install
 # processes of their own and stay serial in `make test`.
 test-fast: install
 	$(PY) -m pytest -q -m "unit or collectives" -n auto --dist worksteal
+
+# The Python twins of the compiled parts (AIODIST_NATIVE=0; aiodist.runtime.native): the unit tier,
+# which gives both twins the same inputs, and the tests of the transports they serve. `make test`
+# runs the compiled parts where they were built.
+test-python-engine: install
+	AIODIST_NATIVE=0 $(PY) -m pytest -q tests/unit tests/integration/test_shm.py \
+		tests/integration/test_transport_conformance.py tests/faults/test_faults_shm.py \
+		tests/faults/test_faults_stall.py
 
 # Multi-host jobs on this machine: each host a network namespace on a bridge (tests/hosts/netbed.py),
 # one aiodist-run per host. Needs root; elsewhere the tier is skipped, saying why. About a minute.
@@ -84,8 +92,8 @@ bench-calls: install
 	$(PY) tools/bench_calls.py --json $(BENCH_OUT)/calls.json
 
 lint: install
-	$(PY) -m ruff check aiodist tests examples tools
-	$(PY) -m ruff format --check aiodist tests examples tools
+	$(PY) -m ruff check aiodist tests examples tools setup.py
+	$(PY) -m ruff format --check aiodist tests examples tools setup.py
 
 typecheck: install
 	$(PY) -m mypy

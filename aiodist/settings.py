@@ -32,6 +32,7 @@ __all__ = [
     "debug_level_from_env",
     "detail_on",
     "handshake_timeout",
+    "native_engine",
     "secret",
     "set_debug_level",
 ]
@@ -190,6 +191,21 @@ def handshake_timeout(env: Mapping[str, str] | None = None, default: float = HAN
     except ValueError:
         return default
     return value if value > 0 else default
+
+
+NATIVE_CHOICES = {"": "auto", "auto": "auto", "1": "on", "on": "on", "0": "off", "off": "off"}
+
+
+def native_engine(env: Mapping[str, str] | None = None) -> str:
+    """``AIODIST_NATIVE``: "auto" (the compiled engine where it was built, default), "on" (it
+    must be there), "off" (the Python engine). Read once per process, at the engine's first use
+    (``aiodist.runtime.native``): the engine is chosen before any job, as pyzmq chooses its
+    backend at import."""
+    raw = (os.environ if env is None else env).get("AIODIST_NATIVE", "")
+    choice = NATIVE_CHOICES.get(raw.strip().lower())
+    if choice is None:
+        raise DistValueError(f"AIODIST_NATIVE must be 1, 0 or auto, got {raw!r}")
+    return choice
 
 
 def secret(env: Mapping[str, str] | None = None) -> bytes | None:

@@ -64,11 +64,12 @@ from aiodist.transport.shm_segment import (
     W_SEEN,
     W_VERDICT,
     W_WITHDRAWN,
-    Ring,
+    Rings,
     Segment,
     address_of,
     cma_read,
     fence,
+    new_ring,
 )
 from aiodist.wire.frames import DEFAULT_LIMITS, ProtocolError, decode_header
 from aiodist.wire.shm import (
@@ -177,10 +178,10 @@ class _Link:
         self.out_state = _PENDING
         self.in_state = _PENDING
         self.out_seg: Segment | None = None
-        self.out: Ring | None = None
+        self.out: Rings | None = None
         self.shapes_out = ShapeWriter(paths.packb)  # (the fingerprint shapes numbered in ``out``)
         self.in_seg: Segment | None = None
-        self.inp: Ring | None = None
+        self.inp: Rings | None = None
         self.shapes_in = ShapeReader()  # (those numbered in ``inp``)
         self.cma = False  # the peer may read our memory directly (it said so)
         self.backlog: deque[_Send] = deque()
@@ -285,7 +286,7 @@ class _Link:
             paths.moved += 1
             self.wake_peer()
 
-    def _write_data(self, out: Ring, key: Key, fp: Fingerprint | None, payload: memoryview) -> bool:
+    def _write_data(self, out: Rings, key: Key, fp: Fingerprint | None, payload: memoryview) -> bool:
         """Write an eager data record (its fingerprint's shape first, where new); False: no room."""
         define, header = self.shapes_out.header(key, fp)
         if define is not None and not out.try_write(define, _EMPTY):
@@ -881,7 +882,7 @@ class ShmPaths:
             self._declined(link, msg)
         elif isinstance(msg, ShmStart):
             if link.in_seg is not None and link.in_state == _PENDING:
-                link.inp = Ring(link.in_seg)
+                link.inp = new_ring(link.in_seg)
                 link.in_state = _ON
             self._check_settled()
             link.drain()
@@ -948,7 +949,7 @@ class ShmPaths:
             self._check_settled()
             return
         link.cma = acc.cma
-        link.out = Ring(seg)
+        link.out = new_ring(seg)
         if self._polling:
             seg.words[W_POLLING] = 1
         self.send_frame(link.peer, ShmStart())

@@ -44,9 +44,11 @@ import secrets
 import stat
 import threading
 from collections.abc import Iterator
+from typing import Protocol
 
 import numpy as np
 
+from aiodist.runtime import native as _native
 from aiodist.wire.shm import ALIGN, RECORD, WRAP, record_size
 
 __all__ = [
@@ -55,10 +57,12 @@ __all__ = [
     "SEGMENT_DIR",
     "SKIP_BELLS",
     "Ring",
+    "Rings",
     "Segment",
     "TSO",
     "address_of",
     "fence",
+    "new_ring",
     "cma_read",
     "sweep",
 ]
@@ -235,6 +239,27 @@ def sweep(job: str, directory: str | None = None) -> list[str]:
             except OSError:
                 pass
     return removed
+
+
+class Rings(Protocol):
+    """What the transport uses of a ring: ``Ring``, and its compiled twin (``_shm_ring.pyx``)."""
+
+    words: memoryview
+    head: int
+
+    def try_write(self, header: bytes, payload: memoryview) -> bool: ...
+    def consumed(self) -> int: ...
+    def peek(self) -> tuple[memoryview, memoryview, int] | None: ...
+    def advance(self, rlen: int) -> None: ...
+    def pending(self) -> bool: ...
+
+
+def new_ring(seg: Segment) -> Rings:
+    """The ring of ``seg``: the compiled twin of ``Ring`` where this process runs it
+    (``aiodist.runtime.native``), else ``Ring``."""
+    native = _native.compiled("aiodist.transport._shm_ring")
+    ring: Rings = Ring(seg) if native is None else native.Ring(seg)
+    return ring
 
 
 class Ring:

@@ -1,0 +1,171 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, binding=False
+"""The compiled twin of ``aiodist.transport.shm_segment.Ring``: the same ring, the same records,
+the same answers (``tests/unit/test_native_ring.py`` gives both the same bytes and demands the
+same results and the same errors).
+
+Why compiled: every message passes ``try_write`` on one side and ``peek``/``advance`` on the
+other, and a polling loop calls ``pending`` on every turn; in Python each is a dozen bytecode-level
+steps (struct calls, memoryview indexing), here a few loads and a ``memcpy``. The counters are
+read with acquire and published with release ordering: what x86 gives the Python twin for free,
+stated to the C compiler, which might otherwise keep a counter in a register or move a store.
+
+The layout (``aiodist.wire.shm``): a record is a 16-byte prefix (record length u32, header length
+u32, payload length u64, little-endian), the header, the payload, padded to 16 bytes; a prefix
+whose header length is ``WRAP`` skips to the ring's start. The word indices are those of
+``shm_segment`` (``W_HEAD``, ``W_TAIL``). ``tests/unit/test_native_ring.py`` checks the constants.
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from libc.stdint cimport uint32_t, uint64_t
+from libc.string cimport memcpy
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #define AIODIST_PREFIX_SIZE 16
+    #define AIODIST_ALIGN 16
+    #define AIODIST_WRAP 0xFFFFFFFFu
+    #define AIODIST_W_HEAD 16
+    #define AIODIST_W_TAIL 32
+    static inline unsigned long long aiodist_load(const unsigned long long *p) {
+        return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+    }
+    static inline void aiodist_store(unsigned long long *p, unsigned long long v) {
+        __atomic_store_n(p, v, __ATOMIC_RELEASE);
+    }
+    """
+    const int PREFIX_SIZE "AIODIST_PREFIX_SIZE"
+    const int ALIGN "AIODIST_ALIGN"
+    const uint32_t WRAP "AIODIST_WRAP"
+    const int W_HEAD "AIODIST_W_HEAD"
+    const int W_TAIL "AIODIST_W_TAIL"
+    unsigned long long aiodist_load(const unsigned long long *p) nogil
+    void aiodist_store(unsigned long long *p, unsigned long long v) nogil
+
+# (checked against the Python modules' values by the tests)
+LAYOUT = {"PREFIX_SIZE": PREFIX_SIZE, "ALIGN": ALIGN, "WRAP": WRAP, "W_HEAD": W_HEAD, "W_TAIL": W_TAIL}
+
+
+cdef class Ring:
+    """A single-producer single-consumer ring of records inside a segment (see the Python twin)."""
+
+    cdef readonly object seg
+    cdef readonly object data
+    cdef readonly object words
+    cdef readonly Py_ssize_t cap
+    cdef readonly Py_ssize_t mask
+    cdef public unsigned long long head
+    cdef public unsigned long long tail
+    cdef unsigned char[::1] _data
+    cdef unsigned long long[::1] _words
+    cdef unsigned char *_base
+    cdef unsigned long long *_w
+
+    def __init__(self, seg):
+        self.seg = seg
+        self.data = seg.data
+        self.words = seg.words
+        self.cap = seg.capacity
+        self.mask = self.cap - 1
+        self._data = self.data  # (holds the mapping while this ring lives)
+        self._words = self.words
+        self._base = &self._data[0]
+        self._w = &self._words[0]
+        self.head = aiodist_load(&self._w[W_HEAD])
+        self.tail = aiodist_load(&self._w[W_TAIL])
+
+    @property
+    def max_record(self):
+        """The largest record that always fits in an empty ring."""
+        return self.cap // 2
+
+    # -- producer ------------------------------------------------------------------------
+    def try_write(self, header, payload):
+        """Append one record; False when there is no room now (nothing written)."""
+        cdef Py_buffer h
+        cdef Py_buffer p
+        PyObject_GetBuffer(header, &h, PyBUF_SIMPLE)
+        try:
+            PyObject_GetBuffer(payload, &p, PyBUF_SIMPLE)
+            try:
+                return self._write(<const unsigned char *>h.buf, h.len, <const unsigned char *>p.buf, p.len)
+            finally:
+                PyBuffer_Release(&p)
+        finally:
+            PyBuffer_Release(&h)
+
+    cdef bint _write(self, const unsigned char *hdr, Py_ssize_t hlen,
+                     const unsigned char *pay, Py_ssize_t plen) except -1:
+        cdef Py_ssize_t cap = self.cap
+        cdef unsigned long long need = (PREFIX_SIZE + hlen + plen + ALIGN - 1) & ~(<unsigned long long>ALIGN - 1)
+        cdef unsigned long long head = self.head
+        cdef Py_ssize_t pos = head & self.mask
+        cdef long long free = cap - <long long>(head - aiodist_load(&self._w[W_TAIL]))
+        cdef unsigned long long pad = cap - pos if pos + need > <unsigned long long>cap else 0
+        if <long long>(pad + need) > free:
+            return False
+        if pad:
+            _prefix(self._base + pos, <uint32_t>pad, WRAP, 0)
+            head += pad
+            pos = 0
+        _prefix(self._base + pos, <uint32_t>need, <uint32_t>hlen, <uint64_t>plen)
+        cdef unsigned char *start = self._base + pos + PREFIX_SIZE
+        if hlen:
+            memcpy(start, hdr, hlen)
+        if plen:
+            memcpy(start + hlen, pay, plen)
+        self.head = head + need
+        aiodist_store(&self._w[W_HEAD], self.head)  # publish (after the bytes: release order)
+        return True
+
+    def consumed(self):
+        """Bytes the consumer has freed so far."""
+        return aiodist_load(&self._w[W_TAIL])
+
+    # -- consumer ------------------------------------------------------------------------
+    def peek(self):
+        """The next record (header bytes, payload, record length), or None when empty.
+
+        Raises:
+            ValueError: the ring holds nonsense (the producer broke the protocol).
+        """
+        cdef unsigned long long tail, head
+        cdef long long avail
+        cdef Py_ssize_t pos, start
+        cdef uint32_t rlen, hlen
+        cdef uint64_t plen
+        while True:
+            tail = self.tail
+            head = aiodist_load(&self._w[W_HEAD])
+            if tail == head:
+                return None
+            avail = <long long>(head - tail)
+            if avail > self.cap or tail & (ALIGN - 1):
+                raise ValueError(f"ring counters out of range (head {head}, tail {tail})")
+            pos = tail & self.mask
+            memcpy(&rlen, self._base + pos, 4)
+            memcpy(&hlen, self._base + pos + 4, 4)
+            memcpy(&plen, self._base + pos + 8, 8)
+            if rlen < PREFIX_SIZE or rlen & (ALIGN - 1) or pos + rlen > self.cap or rlen > avail:
+                raise ValueError(f"bad record length {rlen} at {pos}")
+            if hlen == WRAP:
+                self.tail = tail + rlen
+                continue
+            if plen > rlen or PREFIX_SIZE + <uint64_t>hlen + plen > rlen:
+                raise ValueError(f"record at {pos} overflows its length")
+            start = pos + PREFIX_SIZE
+            return self.data[start : start + hlen], self.data[start + hlen : start + hlen + plen], rlen
+
+    def advance(self, unsigned long long rlen):
+        """Done with the record ``peek`` returned: free it (and any WRAP before it)."""
+        self.tail += rlen
+        aiodist_store(&self._w[W_TAIL], self.tail)
+
+    def pending(self):
+        return aiodist_load(&self._w[W_HEAD]) != self.tail
+
+
+cdef inline void _prefix(unsigned char *at, uint32_t rlen, uint32_t hlen, uint64_t plen) noexcept:
+    memcpy(at, &rlen, 4)
+    memcpy(at + 4, &hlen, 4)
+    memcpy(at + 8, &plen, 8)
