@@ -5,7 +5,7 @@ are twins of Python modules, with the same interface and the same answers; the P
 as the reference and the fallback. ``AIODIST_NATIVE`` chooses (``aiodist.settings.native_engine``):
 
 * unset or ``auto``: the compiled parts that are built; a missing one is said once in the log
-  (INFO: a fallback, not a fault), and its Python twin runs;
+  (a warning: it runs, slower on small messages), and its Python twin runs;
 * ``1``: the compiled parts must be there: a missing one raises, saying how to build it;
 * ``0``: the Python engine, compiled parts or not.
 
@@ -63,7 +63,13 @@ def compiled(name: str) -> ModuleType | None:
                     "with both), or unset AIODIST_NATIVE to run the Python engine"
                 ) from exc
             _why[name] = f"not built ({exc})"
-            log.info("aiodist: %s is not built (%s): running its Python twin", name, exc)
+            log.warning(
+                "aiodist: %s is not built (%s): running its Python twin, slower on small messages "
+                "(reinstall aiodist where Cython and a C compiler are at hand; AIODIST_NATIVE=0 "
+                "chooses the Python engine without this warning)",
+                name,
+                exc,
+            )
     _loaded[name] = module
     return module
 
