@@ -33,7 +33,7 @@ from typing import Any
 from aiodist.bench import hosts
 from aiodist.bench.hosts import choose_master_address, ipv4_networks, network_identity
 from aiodist.bench.launchers import Launch
-from aiodist.bench.worker import JobConfig
+from aiodist.bench.worker import JobConfig, ask_transport
 
 __all__ = [
     "BenchSetupError",
@@ -199,11 +199,7 @@ def prepare_environment(
     if launch.local_world_size is not None:
         # aiodist sizes its busy polling by the ranks sharing this host's cores.
         os.environ.setdefault("LOCAL_WORLD_SIZE", str(launch.local_world_size))
-    # The transport asked for, whatever the caller's environment says (as in a spawned job).
-    if cfg.transport == "tcp":
-        os.environ["AIODIST_SHM"] = "0"
-    else:
-        os.environ.pop("AIODIST_SHM", None)
+    ask_transport(cfg.transport, os.environ)  # (whatever the caller's environment says, as spawned)
     if cfg.compare:
         try:
             ifname, how = hosts.gloo_interface(os.environ["MASTER_ADDR"], os.environ)

@@ -18,7 +18,9 @@ that both see the same machine load. With ``--compare mpi`` the same cases run t
 under Open MPI's ``mpiexec`` (shared-memory transport), as a job of their own right before
 aiodist's jobs of each world size (``aiodist.bench.mpi``); its figures join the same tables.
 ``--aiodist-transports tcp,shm`` runs every aiodist job twice: once told to use TCP only
-(``AIODIST_SHM=0``, column ``aiodist-tcp``) and once with its default (column ``aiodist``). Columns follow nccl-tests: ``size`` (bytes of the
+(``AIODIST_SHM=0``, column ``aiodist-tcp``) and once with its default (column ``aiodist``);
+``python`` adds a run of the default transport on the Python engine (``AIODIST_NATIVE=0``,
+column ``aiodist-py``), beside the compiled parts. Columns follow nccl-tests: ``size`` (bytes of the
 larger buffer), ``count``, ``type``, ``redop``, ``root``, ``time`` (µs per call: the slowest
 rank, median over repetitions), ``min-max`` (the fastest and slowest repetition, µs per call),
 ``algbw = size / time`` and ``busbw = algbw x factor``
@@ -54,7 +56,7 @@ from aiodist.bench.launched import refusal, run_launched
 from aiodist.bench.launchers import Launch, LaunchError, detect_launch
 from aiodist.bench.mpi import run_mpi_job
 from aiodist.bench.progress import Progress
-from aiodist.bench.worker import AIODIST_NAMES, JobConfig, worker_main
+from aiodist.bench.worker import AIODIST_NAMES, ASKED_WORDS, JobConfig, worker_main
 from aiodist.testing.procs import free_port
 
 __all__ = ["main", "parse_size", "run_job"]
@@ -144,7 +146,7 @@ def run_job(
                 job.setdefault("mpi", {})[key] = mpi[key]
         if "error" in mpi:
             job["mpi_error"] = mpi["error"]
-    asked = "TCP only (AIODIST_SHM=0)" if cfg.transport == "tcp" else "its default transport"
+    asked = ASKED_WORDS[cfg.transport]
     beside = (["torch gloo (same processes, alternating)"] if cfg.compare else []) + (
         ["MPI (its own processes, run just before)"] if mpi_ok else []
     )
@@ -182,6 +184,8 @@ def run_job(
                 raise RuntimeError(f"rank {item[1]} failed: {item[2]}")
             if item[0] == "done":
                 done.add(item[1])
+                if item[1] == 0:
+                    job["engine"] = item[2]
             else:
                 collector.take(item)
     except (RuntimeError, KeyboardInterrupt) as exc:
@@ -280,7 +284,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="LIST",
         help="what aiodist is asked to use between the ranks, comma separated (launched: one); each "
         "runs as jobs of its own: shm (its default: shared memory where the transport offers it, else TCP; column "
-        "'aiodist'), tcp (AIODIST_SHM=0: TCP only; column 'aiodist-tcp'). Default shm",
+        "'aiodist'), tcp (AIODIST_SHM=0: TCP only; column 'aiodist-tcp'), python (shm on the Python "
+        "engine, AIODIST_NATIVE=0; column 'aiodist-py'). Default shm",
     )
     ap.add_argument(
         "--mpiexec",
@@ -348,7 +353,7 @@ def _transport_list(text: str) -> tuple[str, ...]:
     bad = [x for x in names if x not in AIODIST_NAMES]
     if bad or not names:
         raise argparse.ArgumentTypeError(
-            f"unknown transport(s) {', '.join(bad) or repr(text)}: choose tcp, shm or tcp,shm"
+            f"unknown transport(s) {', '.join(bad) or repr(text)}: choose among shm, tcp and python"
         )
     return tuple(dict.fromkeys(names))
 

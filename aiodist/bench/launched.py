@@ -34,7 +34,7 @@ from aiodist.bench.collect import JobCollector
 from aiodist.bench.launchers import Launch
 from aiodist.bench.mpi_worker import MpiRuntime
 from aiodist.bench.progress import Progress
-from aiodist.bench.worker import BlockingTorchLike, JobConfig, Worker, join_aiodist
+from aiodist.bench.worker import ASKED_WORDS, BlockingTorchLike, JobConfig, Worker, join_aiodist
 
 __all__ = ["LaunchedWorker", "measured_options", "options_differ", "refusal", "run_launched"]
 
@@ -288,7 +288,7 @@ class _Tables:
             self.say(f"# {line}")
         for note in place["notes"]:
             self.say(f"# note: {note}")
-        asked = "TCP only (AIODIST_SHM=0)" if cfg.transport == "tcp" else "its default transport"
+        asked = ASKED_WORDS[cfg.transport]
         beside = (["torch gloo"] if cfg.compare else []) + (["MPI"] if "mpi" in self.impls else [])
         self.say(
             f"\n# ===== {cfg.aiodist_name} {cfg.face} face ({asked}), {cfg.nprocs} ranks on {place['text']}"

@@ -32,9 +32,12 @@ import numpy as np
 
 from aiodist.bench import cases
 from aiodist.bench.cases import Buffers
+from aiodist.runtime import native
 
 __all__ = [
     "AIODIST_NAMES",
+    "ASKED_WORDS",
+    "ask_transport",
     "JobConfig",
     "Runtime",
     "Worker",
@@ -64,7 +67,8 @@ class JobConfig:
     gloo_port: int = 0
     timeout: float = 600.0
     #: what aiodist is asked to use between ranks of one host: "shm" (its default: shared memory
-    #: where the transport offers it; ``AIODIST_SHM`` unset) or "tcp" (``AIODIST_SHM=0``).
+    #: where the transport offers it; ``AIODIST_SHM`` unset), "tcp" (``AIODIST_SHM=0``) or
+    #: "python" (shared memory on the Python engine: ``AIODIST_NATIVE=0``). See ``ASKED``.
     transport: str = "shm"
     #: "aiodist" (this module's worker) or "mpi" (the MPI peer, under mpiexec).
     runtime: str = "aiodist"
@@ -79,12 +83,33 @@ class JobConfig:
         """The job in a few words: ``async 2 ranks``, ``sync tcp 4 ranks``, ``mpi 2 ranks``."""
         if self.runtime == "mpi":
             return f"mpi {self.nprocs} ranks"
-        transport = " tcp" if self.transport == "tcp" else ""
+        transport = "" if self.transport == "shm" else f" {self.transport}"
         return f"{self.face}{transport} {self.nprocs} ranks"
 
 
 #: aiodist's name in the tables, by the transport it is asked to use.
-AIODIST_NAMES = {"shm": "aiodist", "tcp": "aiodist-tcp"}
+AIODIST_NAMES = {"shm": "aiodist", "tcp": "aiodist-tcp", "python": "aiodist-py"}
+#: How each is asked for: the variables set (None: removed) whatever the caller's environment says.
+ASKED: dict[str, dict[str, str | None]] = {
+    "shm": {"AIODIST_SHM": None, "AIODIST_NATIVE": None},
+    "tcp": {"AIODIST_SHM": "0", "AIODIST_NATIVE": None},
+    "python": {"AIODIST_SHM": None, "AIODIST_NATIVE": "0"},
+}
+#: The same in words, for the job's notes.
+ASKED_WORDS = {
+    "shm": "its default transport",
+    "tcp": "TCP only (AIODIST_SHM=0)",
+    "python": "its default transport on the Python engine (AIODIST_NATIVE=0)",
+}
+
+
+def ask_transport(transport: str, environ: dict[str, str] | Any) -> None:
+    """Set ``environ`` as ``ASKED[transport]`` says."""
+    for name, value in ASKED[transport].items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
 
 
 def iterations(nbytes: int, cfg: JobConfig) -> tuple[int, int]:
@@ -491,11 +516,7 @@ def worker_main(rank: int, cfg: JobConfig, env: dict[str, str], out: Any) -> Non
     os.environ.update(env)
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(cfg.nprocs)
-    # The transport asked for, whatever the caller's environment says.
-    if cfg.transport == "tcp":
-        os.environ["AIODIST_SHM"] = "0"
-    else:
-        os.environ.pop("AIODIST_SHM", None)
+    ask_transport(cfg.transport, os.environ)  # (whatever the caller's environment says)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
     w = Worker(rank, cfg, out)
@@ -511,4 +532,4 @@ def worker_main(rank: int, cfg: JobConfig, env: dict[str, str], out: Any) -> Non
 
         out.put(("error", rank, f"{exc.__class__.__name__}: {exc}\n{traceback.format_exc()}"))
         raise SystemExit(1) from None
-    out.put(("done", rank))
+    out.put(("done", rank, native.describe()))  # (which engine ran each compiled part's work)

@@ -228,3 +228,34 @@ def test_format_duration() -> None:
     assert format_duration(5) == "0:05"
     assert format_duration(125.4) == "2:05"
     assert format_duration(3725) == "1:02:05"
+
+
+def test_the_python_engine_runs_beside_the_compiled_one(tmp_path: Path) -> None:
+    """``--aiodist-transports shm,python``: a column per engine, each job on the engine it names."""
+    out_json = tmp_path / "bench.json"
+    argv = [
+        "-np",
+        "2",
+        "--faces",
+        "async",
+        "--ops",
+        "all_reduce",
+        "--sizes",
+        "4",
+        "-r",
+        "1",
+        "-n",
+        "2",
+        "-w",
+        "1",
+    ]
+    argv += ["--aiodist-transports", "shm,python", "--json", str(out_json)]
+    assert bench.main(argv) == 0
+    jobs = json.loads(out_json.read_text())["jobs"]
+    assert [j["aiodist"] for j in jobs] == ["aiodist", "aiodist-py"]
+    ring = "aiodist.transport._shm_ring"
+    assert jobs[1]["engine"] == {ring: "python (AIODIST_NATIVE=0)"}, jobs[1]
+    assert jobs[0]["engine"][ring].startswith(("compiled", "python (not built"))  # (auto: as built)
+    for job in jobs:
+        assert "error" not in job, job.get("error")
+        assert all(res["wrong"] == 0 for row in job["rows"] for res in row["impls"].values())
