@@ -64,12 +64,14 @@ from aiodist.transport.shm_segment import (
     W_SEEN,
     W_VERDICT,
     W_WITHDRAWN,
+    Doorbell,
     Rings,
     Segment,
     address_of,
     cma_read,
     fence,
     new_ring,
+    unlink_name,
 )
 from aiodist.wire.frames import DEFAULT_LIMITS, ProtocolError, decode_header
 from aiodist.wire.shm import (
@@ -184,6 +186,11 @@ class _Link:
         self.inp: Rings | None = None
         self.shapes_in = ShapeReader()  # (those numbered in ``inp``)
         self.cma = False  # the peer may read our memory directly (it said so)
+        # Doorbells (shm_segment.Doorbell): the read end of ours, which the peer writes to wake
+        # us (and its name until the peer has opened it), and the write end of the peer's.
+        self.bell_in: int | None = None
+        self.bell_in_name: str | None = None
+        self.bell_out: int | None = None
         self.backlog: deque[_Send] = deque()
         self.unacked: deque[_Send] = deque()
         self.acks_seen = 0
@@ -764,6 +771,20 @@ class _Link:
             if seg is not None:
                 seg.close()
         self.out_seg = self.in_seg = None
+        self.drop_bell_in()
+        if self.bell_out is not None:
+            os.close(self.bell_out)
+            self.bell_out = None
+
+    def drop_bell_in(self) -> None:
+        """Stop listening on our doorbell, and remove its name if it is still there."""
+        if self.bell_in_name is not None:
+            unlink_name(self.bell_in_name)
+            self.bell_in_name = None
+        if self.bell_in is not None:
+            self.paths.loop.remove_reader(self.bell_in)
+            os.close(self.bell_in)
+            self.bell_in = None
 
 
 _EMPTY = memoryview(b"")
@@ -881,6 +902,9 @@ class ShmPaths:
         elif isinstance(msg, ShmDecline):
             self._declined(link, msg)
         elif isinstance(msg, ShmStart):
+            if link.bell_in_name is not None:  # (the peer has opened it, or never will)
+                unlink_name(link.bell_in_name)
+                link.bell_in_name = None
             if link.in_seg is not None and link.in_state == _PENDING:
                 link.inp = new_ring(link.in_seg)
                 link.in_state = _ON
@@ -927,7 +951,31 @@ class ShmPaths:
         seg.view[ECHO] = echo
         link.in_seg = seg
         link.peer_pid = offer.pid if cma else 0
-        self.send_frame(link.peer, ShmAccept(echo, cma))
+        self.send_frame(link.peer, ShmAccept(echo, cma, self._doorbell(link)))
+
+    def _doorbell(self, link: _Link) -> str:
+        """Make the doorbell ``link``'s peer will wake us through; its name ("": none, the
+        peer rings with frames)."""
+        try:
+            name, fd = Doorbell.create(self.job)
+        except OSError as exc:
+            log.debug("aiodist: rank %d: no doorbell for rank %d: %s", self.rank, link.peer, exc)
+            return ""
+        link.bell_in, link.bell_in_name = fd, name
+        self.loop.add_reader(fd, self._rung, link)
+        return name
+
+    def _rung(self, link: _Link) -> None:
+        fd = link.bell_in
+        if fd is None:
+            return
+        try:
+            data = os.read(fd, 4096)  # (every byte written since the last look: one look serves all)
+        except BlockingIOError:
+            data = b"."
+        if not data:  # the peer closed its end (it is gone or its link failed): no more bells
+            link.drop_bell_in()
+        self.poll_link(link)
 
     def _refuse(self, link: _Link, why: str) -> None:
         log.debug("aiodist: rank %d: shared memory from rank %d refused: %s", self.rank, link.peer, why)
@@ -949,6 +997,13 @@ class ShmPaths:
             self._check_settled()
             return
         link.cma = acc.cma
+        if acc.bell:
+            try:
+                link.bell_out = Doorbell.open(acc.bell)
+            except (OSError, ValueError) as exc:
+                log.debug(
+                    "aiodist: rank %d: rank %d's doorbell is not ours to ring: %s", self.rank, link.peer, exc
+                )
         link.out = new_ring(seg)
         if self._polling:
             seg.words[W_POLLING] = 1
@@ -959,6 +1014,7 @@ class ShmPaths:
     def _declined(self, link: _Link, dec: ShmDecline) -> None:
         if dec.own:  # the peer will not write to us through memory
             link.in_state = _OFF
+            link.drop_bell_in()
             if link.in_seg is not None:
                 link.in_seg.close()
                 link.in_seg = None
@@ -986,6 +1042,19 @@ class ShmPaths:
         return link if link is not None and link.out_state == _ON and link.broken is None else None
 
     def bell(self, peer: int) -> None:
+        """Wake ``peer`` to look at its rings: a byte into its doorbell, else a frame."""
+        link = self.links.get(peer)
+        fd = None if link is None else link.bell_out
+        if fd is not None:
+            try:
+                os.write(fd, b"\x01")
+                return
+            except BlockingIOError:  # (full: a wake-up is pending anyway)
+                return
+            except OSError:  # (its reader is gone: the frame says what there is to say)
+                assert link is not None
+                os.close(fd)
+                link.bell_out = None
         self.send_frame(peer, ShmBell())
 
     def poll_link(self, link: _Link) -> None:

@@ -53,6 +53,7 @@ from aiodist.wire.shm import ALIGN, RECORD, WRAP, record_size
 
 __all__ = [
     "CAPACITY",
+    "Doorbell",
     "PREFIX",
     "SEGMENT_DIR",
     "SKIP_BELLS",
@@ -63,6 +64,7 @@ __all__ = [
     "address_of",
     "fence",
     "new_ring",
+    "unlink_name",
     "cma_read",
     "sweep",
 ]
@@ -142,10 +144,7 @@ class Segment:
         seg = cls(name, mm, capacity, owner=True, directory=directory or SEGMENT_DIR)
         seg.words[W_MAGIC] = _MAGIC
         seg.view[NONCE] = secrets.token_bytes(16)
-        if not _created and not _exit_hook:
-            _exit_hook.append(True)
-            atexit.register(unlink_ours)
-        _created.add(path)
+        _note_created(path)
         return seg
 
     @classmethod
@@ -206,6 +205,71 @@ class Segment:
             for v in (self.data, self.words, self.view):
                 v.release()
             mm.close()
+
+
+class Doorbell:
+    """A named pipe that wakes one rank: it reads, a peer writes a byte into it.
+
+    Why a pipe: a peer that is not polling must be woken, and a frame on its TCP connection
+    costs both sides tens of microseconds of Python (the writer's frame, the reader's parsing)
+    where one byte through a pipe is a system call each. An eventfd would do as well, but it can
+    only be shared by passing the descriptor; a pipe has a name. It lives in ``SEGMENT_DIR``
+    beside the segments, mode 0600, a random name, created by its reader and unlinked as soon as
+    the writer has opened it (``unlink_name``), like a segment.
+    """
+
+    @staticmethod
+    def create(job: str, directory: str | None = None) -> tuple[str, int]:
+        """A new doorbell: its name, and its read end (non-blocking).
+
+        Raises:
+            OSError: the directory is missing, full or not writable.
+        """
+        name = f"{PREFIX}{job}-bell-{secrets.token_hex(16)}"
+        path = os.path.join(directory or SEGMENT_DIR, name)
+        os.mkfifo(path, 0o600)
+        _note_created(path)
+        try:
+            # (a pipe's read end opens at once without a writer when non-blocking)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except BaseException:
+            unlink_name(name, directory)
+            raise
+        return name, fd
+
+    @staticmethod
+    def open(name: str, directory: str | None = None) -> int:
+        """The write end (non-blocking) of a peer's doorbell, after checking it is one: a pipe of
+        this user, mode 0600.
+
+        Raises:
+            OSError: it cannot be opened (gone, another host's directory).
+            ValueError: it is not an aiodist doorbell.
+        """
+        _check_name(name)
+        path = os.path.join(directory or SEGMENT_DIR, name)
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        if not stat.S_ISFIFO(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o600:
+            os.close(fd)
+            raise ValueError(f"{path} is not a private doorbell of this user")
+        return fd
+
+
+def unlink_name(name: str, directory: str | None = None) -> None:
+    """Remove a name this process created (a doorbell's); nothing if it is gone already."""
+    path = os.path.join(directory or SEGMENT_DIR, name)
+    _created.discard(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _note_created(path: str) -> None:
+    """Unlink ``path`` at exit unless it is unlinked before."""
+    if not _created and not _exit_hook:
+        _exit_hook.append(True)
+        atexit.register(unlink_ours)
+    _created.add(path)
 
 
 # Paths this process created and has not unlinked yet: unlinked at exit (see ``unlink_ours``).

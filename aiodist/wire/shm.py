@@ -5,11 +5,12 @@ Setup, per direction (the sender of a direction creates its segment)::
 
     both ends:  ShmHello(host, enabled)     who I am; whether I take part
     creator:    ShmOffer(name, nonce, pid, addr) | ShmDecline(reason, own=True)
-    mapper:     ShmAccept(echo, cma) | ShmDecline(reason)
+    mapper:     ShmAccept(echo, cma, bell) | ShmDecline(reason)
     creator:    ShmStart()                  my data to you goes through the segment from here
 
 A ``ShmBell`` says "look at your rings and completions with me": the doorbell of a reader
-that is not polling.
+that is not polling, where it gave no doorbell of its own (``ShmAccept.bell``: a named pipe
+the peer writes a byte into instead, far cheaper than a frame on either side).
 
 Ring records: a fixed prefix (``RECORD``: record length, header length, payload length), a
 header, then the payload, padded to ``ALIGN`` bytes. A prefix whose header length is ``WRAP``
@@ -125,13 +126,15 @@ class ShmOffer:
 @dataclass(frozen=True, slots=True)
 class ShmAccept:
     """The mapper saw the nonce; it wrote ``echo`` into the segment (the creator checks it);
-    ``cma``: it could read the creator's memory directly (process_vm_readv)."""
+    ``cma``: it could read the creator's memory directly (process_vm_readv); ``bell``: the name
+    of the named pipe in the segment directory that wakes it ("": ring with ``ShmBell``)."""
 
     echo: bytes
     cma: bool
+    bell: str = ""
 
     def encode(self) -> list[Any]:
-        return ["accept", self.echo, self.cma]
+        return ["accept", self.echo, self.cma, self.bell]
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,10 +200,18 @@ def decode_shm(body: Any) -> ShmMessage:
             and addr >= 0
         ):
             return ShmOffer(name, nonce, pid, addr)
-    elif tag == "accept" and len(args) == 2:
-        echo, cma = args
-        if isinstance(echo, bytes) and len(echo) == _NONCE and type(cma) is bool:
-            return ShmAccept(echo, cma)
+    elif tag == "accept" and len(args) == 3:
+        echo, cma, bell = args
+        if (
+            isinstance(echo, bytes)
+            and len(echo) == _NONCE
+            and type(cma) is bool
+            and isinstance(bell, str)
+            and len(bell) <= _MAX_NAME
+            and "/" not in bell
+            and not bell.startswith(".")
+        ):
+            return ShmAccept(echo, cma, bell)
     elif tag == "decline" and len(args) == 2:
         reason, own = args
         if isinstance(reason, str) and len(reason) <= _MAX_TEXT and type(own) is bool:
