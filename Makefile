@@ -35,7 +35,7 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "unit or collectives" -n auto --dist worksteal
 
-# The Python twins of the compiled parts (AIODIST_NATIVE=0; aiodist.runtime.native): the unit tier,
+# The Python twins of the compiled parts (AIODIST_NATIVE=0; aiodist.native): the unit tier,
 # which gives both twins the same inputs, and the tests of the transports they serve. `make test`
 # runs the compiled parts where they were built.
 test-python-engine: install

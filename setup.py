@@ -2,7 +2,7 @@
 
 Everything else is in pyproject.toml. A part that cannot be built is skipped with one line
 saying why, and the install goes on: aiodist then runs that part's Python twin
-(``aiodist.runtime.native`` says which engine a process runs; ``AIODIST_NATIVE=1`` insists on
+(``aiodist.native`` says which engine a process runs; ``AIODIST_NATIVE=1`` insists on
 the compiled one).
 """
 

@@ -199,7 +199,7 @@ NATIVE_CHOICES = {"": "auto", "auto": "auto", "1": "on", "on": "on", "0": "off",
 def native_engine(env: Mapping[str, str] | None = None) -> str:
     """``AIODIST_NATIVE``: "auto" (the compiled engine where it was built, default), "on" (it
     must be there), "off" (the Python engine). Read once per process, at the engine's first use
-    (``aiodist.runtime.native``): the engine is chosen before any job, as pyzmq chooses its
+    (``aiodist.native``): the engine is chosen before any job, as pyzmq chooses its
     backend at import."""
     raw = (os.environ if env is None else env).get("AIODIST_NATIVE", "")
     choice = NATIVE_CHOICES.get(raw.strip().lower())

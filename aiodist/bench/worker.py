@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
+import aiodist.native as native
 from aiodist.bench import cases
 from aiodist.bench.cases import Buffers
-from aiodist.runtime import native
 
 __all__ = [
     "AIODIST_NAMES",

@@ -48,7 +48,7 @@ from typing import Protocol
 
 import numpy as np
 
-from aiodist.runtime import native as _native
+from aiodist.native import compiled
 from aiodist.wire.shm import ALIGN, RECORD, WRAP, record_size
 
 __all__ = [
@@ -320,8 +320,8 @@ class Rings(Protocol):
 
 def new_ring(seg: Segment) -> Rings:
     """The ring of ``seg``: the compiled twin of ``Ring`` where this process runs it
-    (``aiodist.runtime.native``), else ``Ring``."""
-    native = _native.compiled("aiodist.transport._shm_ring")
+    (``aiodist.native``), else ``Ring``."""
+    native = compiled("aiodist.transport._shm_ring")
     ring: Rings = Ring(seg) if native is None else native.Ring(seg)
     return ring
 

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2] / "aiodist"
 # Lowest first. The table of docs/development.md ("Layout and layers") must name the same modules per layer.
 LAYERS: list[tuple[str, ...]] = [
     ("aiodist.errors",),
-    ("aiodist.ops", "aiodist._docs", "aiodist.settings", "aiodist.wire", "aiodist.runtime"),
+    ("aiodist.ops", "aiodist._docs", "aiodist.settings", "aiodist.native", "aiodist.wire", "aiodist.runtime"),
     ("aiodist._tensors", "aiodist.work", "aiodist.store"),
     ("aiodist.transport",),
     ("aiodist.collectives",),

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiodist.runtime import native
+import aiodist.native as native
 from aiodist.transport import shm_segment
 from aiodist.transport.shm_segment import Ring, Segment, new_ring
 from aiodist.wire import shm as wire_shm
