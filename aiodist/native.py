@@ -24,7 +24,7 @@ from aiodist.errors import DistError
 
 __all__ = ["choice", "compiled", "describe"]
 
-log = logging.getLogger("aiodist.runtime")
+log = logging.getLogger("aiodist")
 
 _choice: str | None = None
 _loaded: dict[str, ModuleType | None] = {}

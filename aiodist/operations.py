@@ -224,6 +224,18 @@ def _same_dtype(a: Array, b: Array, arg_a: str, arg_b: str) -> None:
         )
 
 
+def _blocks(g: Members, whole: Array, part: Array, whole_arg: str, part_arg: str) -> tuple[Array, ...]:
+    """``whole`` (one buffer holding a block per member) split into its blocks, after checking
+    that it matches ``part`` (one member's block) in dtype and holds exactly ``g.size`` of it."""
+    _same_dtype(whole, part, whole_arg, part_arg)
+    if whole.size != part.size * g.size:
+        raise DistValueError(
+            f"{whole_arg} has {whole.size} elements but must have group size x {part_arg}'s = "
+            f"{g.size} x {part.size}"
+        )
+    return _split(whole, g.size)
+
+
 def _split(arr: Array, n: int) -> tuple[Array, ...]:
     b = arr.size // n
     return tuple(arr[i * b : (i + 1) * b] for i in range(n))
@@ -270,13 +282,8 @@ def all_gather(g: Members, b: Binding, tensor_list: Any, tensor: Any) -> Checked
 def all_gather_into_tensor(g: Members, b: Binding, output_tensor: Any, input_tensor: Any) -> Checked:
     inp = b.tensor(input_tensor, arg="input_tensor", role=IN, writable=False)
     out = b.tensor(output_tensor, arg="output_tensor", role=OUT, writable=True)
-    _same_dtype(out, inp, "output_tensor", "input_tensor")
-    if out.size != inp.size * g.size:
-        raise DistValueError(
-            f"output_tensor has {out.size} elements but must have group size x input_tensor's = "
-            f"{g.size} x {inp.size}"
-        )
-    return Checked(Op("all_gather", _split(out, g.size), (inp,), whole=True), dtype_name(inp.dtype), inp.size)
+    outs = _blocks(g, out, inp, "output_tensor", "input_tensor")
+    return Checked(Op("all_gather", outs, (inp,), whole=True), dtype_name(inp.dtype), inp.size)
 
 
 _ROOT_WORDS = {"dst": "destination", "src": "source"}
@@ -326,14 +333,11 @@ def reduce_scatter(g: Members, b: Binding, output: Any, input_list: Any, op: Any
 def reduce_scatter_tensor(g: Members, b: Binding, output: Any, input: Any, op: Any = ReduceOp.SUM) -> Checked:
     out = b.tensor(output, arg="output", role=OUT, writable=True)
     inp = b.tensor(input, arg="input", role=IN, writable=False)
-    _same_dtype(out, inp, "output", "input")
-    if inp.size != out.size * g.size:
-        raise DistValueError(
-            f"input has {inp.size} elements but must have group size x output's = {g.size} x {out.size}"
-        )
+    ins = _blocks(g, inp, out, "input", "output")
     rop = check_reduce(op, out.dtype)
-    op_ = Op("reduce_scatter", (out,), _split(inp, g.size), reduce_op=rop, whole=True)
-    return Checked(op_, dtype_name(out.dtype), out.size)
+    return Checked(
+        Op("reduce_scatter", (out,), ins, reduce_op=rop, whole=True), dtype_name(out.dtype), out.size
+    )
 
 
 @operation(tensors=2, shown=1)

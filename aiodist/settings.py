@@ -226,6 +226,7 @@ class Settings:
     task_check: str = "auto"  # AIODIST_TASK_CHECK: the default of new groups
     busy_poll_us: float | None = None  # AIODIST_BUSY_POLL_US; None: decided by the host's cores
     shm: str = "on"  # AIODIST_SHM: on | off | copy
+    native: str = "auto"  # AIODIST_NATIVE: auto | on | off (checked here; aiodist.native chooses)
     shm_job: str = ""  # AIODIST_SHM_JOB: names this job's segments (the launcher sweeps them)
     host_algos: str = "auto"  # AIODIST_HOST_ALGOS, as given (``checked_host_algos``)
     host_id: str = ""  # AIODIST_HOST_ID: places ranks on "different hosts" (tests)
@@ -272,6 +273,7 @@ class Settings:
             task_check=_choice(env, "AIODIST_TASK_CHECK", TASK_CHECKS),
             busy_poll_us=_busy_poll_us(env),
             shm=_shm_mode(env),
+            native=native_engine(env),
             shm_job=_shm_job(env),
             host_algos=env.get("AIODIST_HOST_ALGOS", "").strip().lower() or "auto",
             host_id=env.get("AIODIST_HOST_ID", "").strip(),

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +103,7 @@ ASKED_WORDS = {
 }
 
 
-def ask_transport(transport: str, environ: dict[str, str] | Any) -> None:
+def ask_transport(transport: str, environ: MutableMapping[str, str]) -> None:
     """Set ``environ`` as ``ASKED[transport]`` says."""
     for name, value in ASKED[transport].items():
         if value is None:

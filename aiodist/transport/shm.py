@@ -43,6 +43,7 @@ import errno
 import hashlib
 import logging
 import os
+import socket
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -70,7 +71,7 @@ from aiodist.transport.shm_segment import (
     address_of,
     cma_read,
     fence,
-    new_ring,
+    ring_type,
     unlink_name,
 )
 from aiodist.wire.frames import DEFAULT_LIMITS, ProtocolError, decode_header
@@ -188,9 +189,9 @@ class _Link:
         self.cma = False  # the peer may read our memory directly (it said so)
         # Doorbells (shm_segment.Doorbell): the read end of ours, which the peer writes to wake
         # us (and its name until the peer has opened it), and the write end of the peer's.
-        self.bell_in: int | None = None
+        self.bell_in: socket.socket | None = None
         self.bell_in_name: str | None = None
-        self.bell_out: int | None = None
+        self.bell_out: socket.socket | None = None
         self.backlog: deque[_Send] = deque()
         self.unacked: deque[_Send] = deque()
         self.acks_seen = 0
@@ -773,7 +774,7 @@ class _Link:
         self.out_seg = self.in_seg = None
         self.drop_bell_in()
         if self.bell_out is not None:
-            os.close(self.bell_out)
+            self.bell_out.close()
             self.bell_out = None
 
     def drop_bell_in(self) -> None:
@@ -783,7 +784,7 @@ class _Link:
             self.bell_in_name = None
         if self.bell_in is not None:
             self.paths.loop.remove_reader(self.bell_in)
-            os.close(self.bell_in)
+            self.bell_in.close()
             self.bell_in = None
 
 
@@ -856,6 +857,7 @@ class ShmPaths:
         self.moved = 0  # counts what moved on any link (records, reads, completions, writes)
         self._moved_seen = 0
         self._packer = msgpack.Packer(use_bin_type=True)
+        self.new_ring = ring_type()  # (the engine's choice, made now: a part it lacks fails here)
 
     @property
     def enabled(self) -> bool:
@@ -906,7 +908,7 @@ class ShmPaths:
                 unlink_name(link.bell_in_name)
                 link.bell_in_name = None
             if link.in_seg is not None and link.in_state == _PENDING:
-                link.inp = new_ring(link.in_seg)
+                link.inp = self.new_ring(link.in_seg)
                 link.in_state = _ON
             self._check_settled()
             link.drain()
@@ -957,24 +959,17 @@ class ShmPaths:
         """Make the doorbell ``link``'s peer will wake us through; its name ("": none, the
         peer rings with frames)."""
         try:
-            name, fd = Doorbell.create(self.job)
+            name, sock = Doorbell.create(self.job)
         except OSError as exc:
             log.debug("aiodist: rank %d: no doorbell for rank %d: %s", self.rank, link.peer, exc)
             return ""
-        link.bell_in, link.bell_in_name = fd, name
-        self.loop.add_reader(fd, self._rung, link)
+        link.bell_in, link.bell_in_name = sock, name
+        self.loop.add_reader(sock, self._rung, link)
         return name
 
     def _rung(self, link: _Link) -> None:
-        fd = link.bell_in
-        if fd is None:
-            return
-        try:
-            data = os.read(fd, 4096)  # (every byte written since the last look: one look serves all)
-        except BlockingIOError:
-            data = b"."
-        if not data:  # the peer closed its end (it is gone or its link failed): no more bells
-            link.drop_bell_in()
+        if link.bell_in is not None:
+            Doorbell.take(link.bell_in)
         self.poll_link(link)
 
     def _refuse(self, link: _Link, why: str) -> None:
@@ -1004,7 +999,7 @@ class ShmPaths:
                 log.debug(
                     "aiodist: rank %d: rank %d's doorbell is not ours to ring: %s", self.rank, link.peer, exc
                 )
-        link.out = new_ring(seg)
+        link.out = self.new_ring(seg)
         if self._polling:
             seg.words[W_POLLING] = 1
         self.send_frame(link.peer, ShmStart())
@@ -1044,17 +1039,11 @@ class ShmPaths:
     def bell(self, peer: int) -> None:
         """Wake ``peer`` to look at its rings: a byte into its doorbell, else a frame."""
         link = self.links.get(peer)
-        fd = None if link is None else link.bell_out
-        if fd is not None:
-            try:
-                os.write(fd, b"\x01")
+        if link is not None and link.bell_out is not None:
+            if Doorbell.ring(link.bell_out):
                 return
-            except BlockingIOError:  # (full: a wake-up is pending anyway)
-                return
-            except OSError:  # (its reader is gone: the frame says what there is to say)
-                assert link is not None
-                os.close(fd)
-                link.bell_out = None
+            link.bell_out.close()  # (its reader has gone: the frame says what there is to say)
+            link.bell_out = None
         self.send_frame(peer, ShmBell())
 
     def poll_link(self, link: _Link) -> None:

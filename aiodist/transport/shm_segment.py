@@ -41,9 +41,10 @@ import mmap
 import os
 import platform
 import secrets
+import socket
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import numpy as np
@@ -63,7 +64,7 @@ __all__ = [
     "TSO",
     "address_of",
     "fence",
-    "new_ring",
+    "ring_type",
     "unlink_name",
     "cma_read",
     "sweep",
@@ -189,10 +190,7 @@ class Segment:
         """Remove the name (the mapping lives on); idempotent."""
         if self.owner and self.linked:
             self.linked = False
-            path = os.path.join(self.directory, self.name)
-            _created.discard(path)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            unlink_name(self.name, self.directory)
 
     def close(self) -> None:
         """Unlink (if ours) and unmap. Views handed out must be gone: else the unmapping waits for GC."""
@@ -208,52 +206,79 @@ class Segment:
 
 
 class Doorbell:
-    """A named pipe that wakes one rank: it reads, a peer writes a byte into it.
+    """What wakes one rank: a Unix datagram socket it reads, named in ``SEGMENT_DIR``, into which
+    a peer sends one byte.
 
-    Why a pipe: a peer that is not polling must be woken, and a frame on its TCP connection
-    costs both sides tens of microseconds of Python (the writer's frame, the reader's parsing)
-    where one byte through a pipe is a system call each. An eventfd would do as well, but it can
-    only be shared by passing the descriptor; a pipe has a name. It lives in ``SEGMENT_DIR``
-    beside the segments, mode 0600, a random name, created by its reader and unlinked as soon as
-    the writer has opened it (``unlink_name``), like a segment.
+    Why: a peer that is not polling must be woken, and a frame on its TCP connection costs both
+    sides tens of microseconds of Python (the writer's frame, the reader's parsing), where one
+    datagram is a system call each. Why a datagram socket: it has a name (an eventfd can only be
+    shared by passing the descriptor), a send to a reader that has gone fails with an error,
+    never with SIGPIPE (a named pipe's write would kill a program that restored SIGPIPE's default
+    action), and a reader is never woken by a writer that left (a pipe reads as ready forever
+    then). Like a segment: mode 0600, a random name, made by its reader and unlinked as soon as
+    the writer has connected (``unlink_name``); a connected socket needs no name.
     """
 
     @staticmethod
-    def create(job: str, directory: str | None = None) -> tuple[str, int]:
-        """A new doorbell: its name, and its read end (non-blocking).
+    def create(job: str, directory: str | None = None) -> tuple[str, socket.socket]:
+        """A new doorbell: its name, and the reading end (non-blocking).
 
         Raises:
             OSError: the directory is missing, full or not writable.
         """
         name = f"{PREFIX}{job}-bell-{secrets.token_hex(16)}"
         path = os.path.join(directory or SEGMENT_DIR, name)
-        os.mkfifo(path, 0o600)
-        _note_created(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
         try:
-            # (a pipe's read end opens at once without a writer when non-blocking)
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            sock.bind(path)
+            _note_created(path)
+            os.chmod(path, 0o600)  # (before its name is given to anyone)
         except BaseException:
+            sock.close()
             unlink_name(name, directory)
             raise
-        return name, fd
+        return name, sock
 
     @staticmethod
-    def open(name: str, directory: str | None = None) -> int:
-        """The write end (non-blocking) of a peer's doorbell, after checking it is one: a pipe of
-        this user, mode 0600.
+    def open(name: str, directory: str | None = None) -> socket.socket:
+        """The sending end (non-blocking) of a peer's doorbell, after checking it is one: a socket
+        of this user, mode 0600.
 
         Raises:
-            OSError: it cannot be opened (gone, another host's directory).
+            OSError: it cannot be reached (gone, another host's directory).
             ValueError: it is not an aiodist doorbell.
         """
         _check_name(name)
         path = os.path.join(directory or SEGMENT_DIR, name)
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-        st = os.fstat(fd)
-        if not stat.S_ISFIFO(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o600:
-            os.close(fd)
+        st = os.stat(path, follow_symlinks=False)
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o600:
             raise ValueError(f"{path} is not a private doorbell of this user")
-        return fd
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        try:
+            sock.connect(path)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    @staticmethod
+    def ring(sock: socket.socket) -> bool:
+        """Send a wake-up; False when the reader has gone (the caller rings otherwise then)."""
+        try:
+            sock.send(b"\x01")
+        except BlockingIOError:  # (its queue is full: wake-ups are pending anyway)
+            pass
+        except OSError:
+            return False
+        return True
+
+    @staticmethod
+    def take(sock: socket.socket) -> None:
+        """Take one wake-up. (Each look at the rings serves every wake-up sent before it; those
+        still queued make the loop call the reader again, a look that costs nothing much. Reading
+        until none is left would cost a raised ``BlockingIOError`` on every wake-up.)"""
+        with contextlib.suppress(OSError):
+            sock.recv(64)
 
 
 def unlink_name(name: str, directory: str | None = None) -> None:
@@ -318,12 +343,17 @@ class Rings(Protocol):
     def pending(self) -> bool: ...
 
 
-def new_ring(seg: Segment) -> Rings:
-    """The ring of ``seg``: the compiled twin of ``Ring`` where this process runs it
-    (``aiodist.native``), else ``Ring``."""
+def ring_type() -> Callable[[Segment], Rings]:
+    """What makes the ring of a segment: the compiled twin of ``Ring`` where this process runs
+    it (``aiodist.native``), else ``Ring``. Asked when a transport is made, so that a compiled
+    part that ``AIODIST_NATIVE=1`` requires and that is missing fails the job's start.
+
+    Raises:
+        DistError: ``AIODIST_NATIVE=1`` and the compiled ring is not built.
+    """
     native = compiled("aiodist.transport._shm_ring")
-    ring: Rings = Ring(seg) if native is None else native.Ring(seg)
-    return ring
+    make: Callable[[Segment], Rings] = Ring if native is None else native.Ring
+    return make
 
 
 class Ring:

@@ -9,8 +9,8 @@ Setup, per direction (the sender of a direction creates its segment)::
     creator:    ShmStart()                  my data to you goes through the segment from here
 
 A ``ShmBell`` says "look at your rings and completions with me": the doorbell of a reader
-that is not polling, where it gave no doorbell of its own (``ShmAccept.bell``: a named pipe
-the peer writes a byte into instead, far cheaper than a frame on either side).
+that is not polling, where it gave no doorbell of its own (``ShmAccept.bell``: a Unix datagram
+socket the peer sends a byte to instead, far cheaper than a frame on either side).
 
 Ring records: a fixed prefix (``RECORD``: record length, header length, payload length), a
 header, then the payload, padded to ``ALIGN`` bytes. A prefix whose header length is ``WRAP``
@@ -127,7 +127,7 @@ class ShmOffer:
 class ShmAccept:
     """The mapper saw the nonce; it wrote ``echo`` into the segment (the creator checks it);
     ``cma``: it could read the creator's memory directly (process_vm_readv); ``bell``: the name
-    of the named pipe in the segment directory that wakes it ("": ring with ``ShmBell``)."""
+    of the datagram socket in the segment directory that wakes it ("": ring with ``ShmBell``)."""
 
     echo: bytes
     cma: bool

@@ -104,6 +104,7 @@ def test_values_are_parsed() -> None:
         ("AIODIST_LOG_LEVEL", "chatty"),
         ("AIODIST_MAX_OBJECT_BYTES", "a lot"),
         ("AIODIST_TORCH_BACKEND", "rust"),
+        ("AIODIST_NATIVE", "fast"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_variable(name: str, value: str) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from aiodist.transport import shm_segment
-from aiodist.transport.shm_segment import Ring, Segment, address_of, cma_read, sweep
+from aiodist.transport.shm_segment import Doorbell, Ring, Segment, address_of, cma_read, sweep, unlink_name
 from aiodist.wire.frames import ProtocolError
 from aiodist.wire.shm import (
     BIN_DATA,
@@ -335,3 +335,52 @@ def test_reader_refuses_shapes_it_was_not_given() -> None:
             reader.define(bad)
     reader.define([SHAPE, 1, ["send", "float32", 1]])
     assert reader.data(undefined) == ((0, 1, 0), ["send", "float32", 1])
+
+
+# -- doorbells -------------------------------------------------------------------------------
+def test_a_doorbell_wakes_its_reader_and_leaves_no_name() -> None:
+    name, reader = Doorbell.create("unittest")
+    try:
+        path = os.path.join(shm_segment.SEGMENT_DIR, name)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        writer = Doorbell.open(name)
+        unlink_name(name)  # (the reader's part once the writer has it)
+        assert not os.path.exists(path)
+        for _ in range(100):  # more than the socket queues: the rest are pending wake-ups
+            assert Doorbell.ring(writer)
+        assert reader.recv(64) == b"\x01"
+        while True:  # (one wake-up per call)
+            try:
+                reader.recv(64)
+            except BlockingIOError:
+                break
+        Doorbell.take(reader)  # (none left: nothing raised)
+        writer.close()
+    finally:
+        reader.close()
+
+
+def test_a_doorbell_refuses_what_is_not_one() -> None:
+    seg = Segment.create("unittest", capacity=4096)
+    try:
+        with pytest.raises(ValueError, match="not a private doorbell"):
+            Doorbell.open(seg.name)  # (a file of this user, but not a socket)
+    finally:
+        seg.close()
+
+
+def test_ringing_a_reader_that_has_gone_fails_softly_even_with_sigpipe_s_default() -> None:
+    """A program may restore SIGPIPE's default action (many command-line tools do): ringing a
+    doorbell whose reader has gone must then answer False, not kill the process."""
+    code = (
+        "import signal\n"
+        "from aiodist.transport.shm_segment import Doorbell, unlink_name\n"
+        "name, reader = Doorbell.create('unittest')\n"
+        "writer = Doorbell.open(name)\n"
+        "unlink_name(name)\n"
+        "reader.close()\n"
+        "signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"
+        "print(Doorbell.ring(writer))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "False", (res.returncode, res.stderr)
