@@ -391,6 +391,8 @@ class TCPStore(Store):
                     raise _NotAStore(
                         f"it accepted the connection but sent nothing in {SILENCE_VERDICT:g} s"
                     ) from None
+        except _NotAStore:  # (the silence verdict: already says what the listener did)
+            raise
         except ProtocolError:  # not even a frame
             raise _NotAStore(f"it answered {heard[:40]!r}") from None
         try:
