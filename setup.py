@@ -11,7 +11,10 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-PARTS = [Extension("aiodist.transport._shm_ring", ["aiodist/transport/_shm_ring.pyx"])]
+PARTS = [
+    Extension("aiodist.transport._shm_ring", ["aiodist/transport/_shm_ring.pyx"]),
+    Extension("aiodist.transport._matching", ["aiodist/transport/_matching.pyx"]),
+]
 
 
 class OptionalBuildExt(build_ext):

@@ -10,7 +10,7 @@ the segment. Any failure leaves that direction on TCP (logged at debug level). T
 handshake, control, aborts, mismatch reports and goodbyes, and carries the doorbells.
 
 A ``_Link`` is one peer: the ring this rank writes (``out``) and the one it reads (``inp``).
-Messages are records of the ring, matched by the transport's ``Mailbox`` exactly as TCP frames
+Messages are records of the ring, matched by the transport's mailbox exactly as TCP frames
 (same key, size and fingerprint checks):
 
 * up to ``EAGER`` bytes (``EAGER_SHARED_CORES`` where ranks share cores; everything when
@@ -53,7 +53,8 @@ import msgpack
 from aiodist.errors import DistNetworkError
 from aiodist.runtime import host as _host
 from aiodist.settings import Settings
-from aiodist.transport.base import DISCARD, Fingerprint, Key, Mailbox, PendingRecv
+from aiodist.transport.base import DISCARD, Fingerprint, Key
+from aiodist.transport.matching import Matcher, Receive
 from aiodist.transport.shm_segment import (
     DESC_SLOTS,
     ECHO,
@@ -158,7 +159,7 @@ class _Part:
         fp: Fingerprint | None,
         total: int,
         buf: memoryview | None,
-        recv: PendingRecv | None,
+        recv: Receive | None,
         *,
         held: bool,
     ) -> None:
@@ -202,7 +203,7 @@ class _Link:
         # reading side
         self.busy = False  # a single-copy read is under way (records behind it wait)
         self.reader: asyncio.Task[None] | None = None
-        self.read_recv: PendingRecv | None = None  # the receive a single-copy read fills
+        self.read_recv: Receive | None = None  # the receive a single-copy read fills
         self.read_dst: memoryview | None = None  # where it copies to (moved when the receive is withdrawn)
         self.read_held = False  # read_dst is a held buffer (counted under the unexpected cap)
         self.read_upto = 0  # bytes of it copied so far
@@ -458,7 +459,7 @@ class _Link:
             return self._take_data(key, fp, payload)
         if rh.kind == PART:
             target = mailbox.match(self.peer, key, n, fp)
-            if isinstance(target, PendingRecv):
+            if target is not None and target is not DISCARD:
                 self.part = _Part(key, fp, n, target.buf, target, held=False)
             elif target is DISCARD:
                 self.part = _Part(key, fp, n, None, None, held=False)
@@ -478,7 +479,7 @@ class _Link:
             # memory it names is no longer the sender's to lend.
             return True
         target = mailbox.match(self.peer, key, n, fp)
-        if isinstance(target, PendingRecv):
+        if target is not None and target is not DISCARD:
             self._start_read(rh.pid, rh.addr, target.buf, target, key, fp)
             return True
         if target is DISCARD:
@@ -499,7 +500,7 @@ class _Link:
         mailbox = paths.mailbox
         n = payload.nbytes
         target = mailbox.match(self.peer, key, n, fp)
-        if isinstance(target, PendingRecv):
+        if target is not None and target is not DISCARD:
             target.buf[:] = payload
             paths.bytes_received += n
             mailbox.complete(target, self.peer)
@@ -565,7 +566,7 @@ class _Link:
             self.paths.unreserve(part.total)
 
     def _finish(
-        self, key: Key, fp: Fingerprint | None, buf: memoryview, recv: PendingRecv | None, held: bool
+        self, key: Key, fp: Fingerprint | None, buf: memoryview, recv: Receive | None, held: bool
     ) -> None:
         mailbox = self.paths.mailbox
         if recv is not None:
@@ -586,7 +587,7 @@ class _Link:
         self.park_expired = False
 
     def _start_read(
-        self, pid: int, addr: int, dst: memoryview, recv: PendingRecv | None, key: Key, fp: Fingerprint | None
+        self, pid: int, addr: int, dst: memoryview, recv: Receive | None, key: Key, fp: Fingerprint | None
     ) -> None:
         self.busy = True
         self.read_recv = recv
@@ -823,7 +824,7 @@ class ShmPaths:
         self,
         rank: int,
         loop: asyncio.AbstractEventLoop,
-        mailbox: Mailbox,
+        mailbox: Matcher,
         job: str,
         settings: Settings,
         *,

@@ -57,8 +57,9 @@ from typing import Any, Literal, cast
 
 from aiodist.errors import DistError, DistNetworkError, DistTimeoutError
 from aiodist.settings import Settings
-from aiodist.transport.base import DISCARD, Fingerprint, Key, PendingRecv, Transport
+from aiodist.transport.base import DISCARD, Fingerprint, Key, Transport
 from aiodist.transport.link_watch import LinkWatch
+from aiodist.transport.matching import Discard, Receive
 from aiodist.wire.control import Control, Goodbye
 from aiodist.wire.frames import PAUSE, SKIP, FrameReader, Limits, ProtocolError, encode_frame
 from aiodist.wire.handshake import (
@@ -208,7 +209,7 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self._reader = FrameReader(
             self._on_header, self._on_frame, PEER_HANDSHAKE_LIMITS, scratch_size=_HANDSHAKE_SCRATCH
         )
-        self._target: PendingRecv | object | None = None
+        self._target: Receive | Discard | None = None
         self._reserved = 0  # bytes of an unexpected payload being read (counted against the cap)
         self._deferred_bytes = 0  # size of the message we stopped reading at (0: not paused)
         self._park_timer: asyncio.TimerHandle | None = None  # a large unexpected payload waits
@@ -219,8 +220,8 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self._fp: Fingerprint | None = None
         self._pending = False  # the payload being read is pending data: a verdict follows
         # A pending data message read whole, waiting for its verdict (the next frame): the
-        # receive it fills (a PendingRecv), None (held: its payload), or DISCARD.
-        self._undecided: PendingRecv | object | None = None
+        # receive it fills (a Receive), None (held: its payload), or DISCARD.
+        self._undecided: Receive | Discard | None = None
         self._undecided_payload: memoryview | None = None
         self._undecided_at = False  # a message is waiting for its verdict
         # Sending: messages not handed to the socket (it is full), and the pending data message
@@ -434,7 +435,7 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         self._deferred_bytes = 0
         self._target = target
         self._key, self._fp = key, fp
-        if isinstance(target, PendingRecv):
+        if target is not None and target is not DISCARD:
             return target.buf
         if target is DISCARD:
             return cast(memoryview, SKIP)
@@ -452,9 +453,9 @@ class _PeerProtocol(asyncio.BufferedProtocol):
             return
         if target is DISCARD:
             return
-        if isinstance(target, PendingRecv):
+        if target is not None:
             self.owner.mailbox.complete(target, self.peer)
-        elif target is None:
+        else:
             self._release_reservation()
             self.owner.mailbox.deliver(self.peer, self._key, self._fp, payload, owned=True)
 
@@ -468,7 +469,7 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         if target is DISCARD:
             return
         mailbox = self.owner.mailbox
-        if isinstance(target, PendingRecv):
+        if target is not None:
             if deliver:
                 mailbox.complete(target, self.peer)
             else:
@@ -489,14 +490,19 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         if self.closed.done():
             return  # (the connection is gone: nothing more arrives)
         target = self._target if self._reader.receiving_payload else None
-        if isinstance(target, PendingRecv) and target.future is fut:
+        if target is not None and target is not DISCARD and target.future is fut:
             held = memoryview(bytearray(target.buf.nbytes))
             self._reader.redirect(held)
             self._target = None
             self._reserved = held.nbytes
             self.owner._incoming += held.nbytes
         undecided = self._undecided
-        if self._undecided_at and isinstance(undecided, PendingRecv) and undecided.future is fut:
+        if (
+            self._undecided_at
+            and undecided is not None
+            and undecided is not DISCARD
+            and undecided.future is fut
+        ):
             self._undecided = None
             self._undecided_payload = memoryview(bytearray(undecided.buf))
             self._reserved = undecided.buf.nbytes
@@ -519,7 +525,7 @@ class _PeerProtocol(asyncio.BufferedProtocol):
         """The connection is gone: the receive whose message was arriving (or awaiting its
         verdict) fails too (it is no longer posted, so the mailbox cannot reach it)."""
         for target in (self._target, self._undecided):
-            if isinstance(target, PendingRecv):
+            if target is not None and target is not DISCARD:
                 _fail(target.future, exc)
         self._target = None
         self._drop_undecided()

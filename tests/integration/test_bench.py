@@ -253,9 +253,10 @@ def test_the_python_engine_runs_beside_the_compiled_one(tmp_path: Path) -> None:
     assert bench.main(argv) == 0
     jobs = json.loads(out_json.read_text())["jobs"]
     assert [j["aiodist"] for j in jobs] == ["aiodist", "aiodist-py"]
-    ring = "aiodist.transport._shm_ring"
-    assert jobs[1]["engine"] == {ring: "python (AIODIST_NATIVE=0)"}, jobs[1]
-    assert jobs[0]["engine"][ring].startswith(("compiled", "python (not built"))  # (auto: as built)
+    parts = ("aiodist.transport._shm_ring", "aiodist.transport._matching")
+    assert jobs[1]["engine"] == {part: "python (AIODIST_NATIVE=0)" for part in parts}, jobs[1]
+    for part in parts:  # (auto: as built)
+        assert jobs[0]["engine"][part].startswith(("compiled", "python (not built")), jobs[0]
     for job in jobs:
         assert "error" not in job, job.get("error")
         assert all(res["wrong"] == 0 for row in job["rows"] for res in row["impls"].values())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from aiodist.transport.base import COLL, DISCARD, P2P, Mailbox
+from aiodist.transport.matching import COLL, DISCARD, P2P, Mailbox
 
 KEY = (0, COLL, 5)
 

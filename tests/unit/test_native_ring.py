@@ -11,7 +11,6 @@ between two processes) must interoperate.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -24,15 +23,11 @@ import aiodist.native as native
 from aiodist.transport import shm_segment
 from aiodist.transport.shm_segment import Ring, Segment, ring_type
 from aiodist.wire import shm as wire_shm
+from tests.support.native import compiled_or_skip
 
 
 def _compiled() -> ModuleType:
-    try:
-        return importlib.import_module("aiodist.transport._shm_ring")
-    except ImportError as exc:
-        if native.choice() == "on":  # (CI: it must have been built)
-            raise
-        pytest.skip(f"the compiled ring is not built here ({exc}): pip install with Cython and a C compiler")
+    return compiled_or_skip("aiodist.transport._shm_ring")
 
 
 @pytest.fixture
