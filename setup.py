@@ -14,6 +14,7 @@ from setuptools.command.build_ext import build_ext
 PARTS = [
     Extension("aiodist.transport._shm_ring", ["aiodist/transport/_shm_ring.pyx"]),
     Extension("aiodist.transport._matching", ["aiodist/transport/_matching.pyx"]),
+    Extension("aiodist.transport._shm_eager", ["aiodist/transport/_shm_eager.pyx"]),
 ]
 
 

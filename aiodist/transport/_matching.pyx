@@ -20,14 +20,6 @@ __all__ = ["Mailbox", "PendingRecv"]
 cdef class PendingRecv:
     """A posted receive: where the payload goes and who is told when it has arrived."""
 
-    cdef readonly object src
-    cdef readonly tuple key
-    cdef readonly object buf
-    cdef readonly object fp
-    cdef readonly long long order
-    cdef readonly object future
-    cdef Py_ssize_t nbytes
-
     def __init__(self, src, tuple key, buf, fp, long long order, future):
         self.src = src
         self.key = key
@@ -40,11 +32,6 @@ cdef class PendingRecv:
 
 cdef class _Held:
     """A message that arrived before its receive was posted."""
-
-    cdef readonly object fp
-    cdef readonly object payload
-    cdef readonly long long order
-    cdef Py_ssize_t nbytes
 
     def __init__(self, fp, payload, long long order):
         self.fp = fp
@@ -81,31 +68,9 @@ cdef object _earliest(dict by_src):
 cdef class Mailbox:
     """Matches arriving messages to posted receives. Pure bookkeeping, no I/O.
 
-    Owned by one transport and used only from its event loop.
+    Owned by one transport and used only from its event loop. (Its fields are declared in
+    _matching.pxd, for the compiled readers that share it.)
     """
-
-    cdef public object rank
-    cdef public object loop
-    cdef public object unexpected_cap
-    cdef public object unexpected_bytes
-    cdef public object on_mismatch
-    cdef public object on_drain
-    cdef public object on_post
-    cdef public object on_late
-    cdef public dict origin_books
-    cdef dict _posted
-    cdef dict _posted_any
-    cdef dict _held
-    cdef set _abandoned
-    cdef set _finished
-    cdef object _finished_order
-    cdef dict _failed_keys
-    cdef dict _dead
-    cdef long long _order
-    cdef dict _floors
-    # (as a Python object's: a test or a tool may wrap a method of one mailbox, e.g. to watch
-    # deliveries; calls between the mailbox's own methods stay in C)
-    cdef dict __dict__
 
     def __init__(self, rank, loop, unexpected_cap=UNEXPECTED_CAP, on_mismatch=None):
         self.rank = rank
@@ -128,7 +93,7 @@ cdef class Mailbox:
         self._order = 0
         self._floors = {}
 
-    cdef inline long long _next_order(self):
+    cdef long long _next_order(self):
         cdef long long n = self._order
         self._order += 1
         return n

@@ -49,17 +49,7 @@ LAYOUT = {"PREFIX_SIZE": PREFIX_SIZE, "ALIGN": ALIGN, "WRAP": WRAP, "W_HEAD": W_
 cdef class Ring:
     """A single-producer single-consumer ring of records inside a segment (see the Python twin)."""
 
-    cdef readonly object seg
-    cdef readonly object data
-    cdef readonly object words
-    cdef readonly Py_ssize_t cap
-    cdef readonly Py_ssize_t mask
-    cdef public unsigned long long head
-    cdef public unsigned long long tail
-    cdef unsigned char[::1] _data
-    cdef unsigned long long[::1] _words
-    cdef unsigned char *_base
-    cdef unsigned long long *_w
+    # (its fields are declared in _shm_ring.pxd, for the compiled readers that share it)
 
     def __init__(self, seg):
         self.seg = seg
@@ -129,16 +119,26 @@ cdef class Ring:
         Raises:
             ValueError: the ring holds nonsense (the producer broke the protocol).
         """
+        cdef Py_ssize_t start
+        cdef uint32_t rlen, hlen
+        cdef uint64_t plen
+        if not self._next(&start, &hlen, &plen, &rlen):
+            return None
+        return self.data[start : start + hlen], self.data[start + hlen : start + hlen + plen], rlen
+
+    cdef bint _next(self, Py_ssize_t *start, uint32_t *hlen_out, uint64_t *plen_out, uint32_t *rlen_out) except -1:
+        """Find the next record (skipping WRAPs): where its header starts, the header's, the
+        payload's and the record's lengths; False when the ring is empty."""
         cdef unsigned long long tail, head
         cdef long long avail
-        cdef Py_ssize_t pos, start
+        cdef Py_ssize_t pos
         cdef uint32_t rlen, hlen
         cdef uint64_t plen
         while True:
             tail = self.tail
             head = aiodist_load(&self._w[W_HEAD])
             if tail == head:
-                return None
+                return False
             avail = <long long>(head - tail)
             if avail > self.cap or tail & (ALIGN - 1):
                 raise ValueError(f"ring counters out of range (head {head}, tail {tail})")
@@ -153,11 +153,17 @@ cdef class Ring:
                 continue
             if plen > rlen or PREFIX_SIZE + <uint64_t>hlen + plen > rlen:
                 raise ValueError(f"record at {pos} overflows its length")
-            start = pos + PREFIX_SIZE
-            return self.data[start : start + hlen], self.data[start + hlen : start + hlen + plen], rlen
+            start[0] = pos + PREFIX_SIZE
+            hlen_out[0] = hlen
+            plen_out[0] = plen
+            rlen_out[0] = rlen
+            return True
 
     def advance(self, unsigned long long rlen):
         """Done with the record ``peek`` returned: free it (and any WRAP before it)."""
+        self._advance(rlen)
+
+    cdef void _advance(self, unsigned long long rlen) noexcept:
         self.tail += rlen
         aiodist_store(&self._w[W_TAIL], self.tail)
 

@@ -55,6 +55,7 @@ from aiodist.runtime import host as _host
 from aiodist.settings import Settings
 from aiodist.transport.base import DISCARD, Fingerprint, Key
 from aiodist.transport.matching import Matcher, Receive
+from aiodist.transport.shm_eager import EagerReader, EagerWriter, reader_for, writer_for
 from aiodist.transport.shm_segment import (
     DESC_SLOTS,
     ECHO,
@@ -187,6 +188,11 @@ class _Link:
         self.in_seg: Segment | None = None
         self.inp: Rings | None = None
         self.shapes_in = ShapeReader()  # (those numbered in ``inp``)
+        # What takes the eager messages at the front of ``inp`` whose receives are posted, the
+        # common case, in C where the ring and the mailbox are compiled (see shm_eager); None:
+        # the general reader (``_take``) takes every record.
+        self.take_eager: EagerReader | None = None
+        self.write_eager: EagerWriter | None = None  # (its twin on the writing side)
         self.cma = False  # the peer may read our memory directly (it said so)
         # Doorbells (shm_segment.Doorbell): the read end of ours, which the peer writes to wake
         # us (and its name until the peer has opened it), and the write end of the peer's.
@@ -228,10 +234,15 @@ class _Link:
         out = self.out
         assert out is not None
         eager = n <= paths.eager
-        if eager and not self.backlog and self._write_data(out, key, fp, payload):
-            paths.bytes_sent += n
-            self.wake_peer()
-            return paths.done
+        if eager and not self.backlog:
+            write = self.write_eager
+            wrote = -1 if write is None else write(out, self.shapes_out, key, fp, payload)
+            if wrote < 0:
+                wrote = self._write_data(out, key, fp, payload)
+            if wrote:
+                paths.bytes_sent += n
+                self.wake_peer()
+                return paths.done
         loop = paths.loop
         kind = DATA if eager else (DESC if self.cma and payload.contiguous else PART)
         self.backlog.append(_Send(kind, key, fp, payload, loop.create_future()))
@@ -408,8 +419,20 @@ class _Link:
         if inp is None or self.in_state != _ON or self.busy or self.broken is not None:
             return
         freed = False
+        paths = self.paths
+        eager = self.take_eager
+        if eager is not None and paths.closing():
+            eager = None  # (after our goodbye nothing is delivered: _take drops it)
         try:
             while True:
+                if eager is not None:
+                    taken, delivered = eager(inp, self.shapes_in, paths.mailbox, self.peer)
+                    if taken:
+                        paths.bytes_received += delivered
+                        self.stalled = False
+                        self.need = 0
+                        self._stop_parking()
+                        freed = True
                 rec = inp.peek()
                 if rec is None:
                     break
@@ -910,6 +933,7 @@ class ShmPaths:
                 link.bell_in_name = None
             if link.in_seg is not None and link.in_state == _PENDING:
                 link.inp = self.new_ring(link.in_seg)
+                link.take_eager = reader_for(link.inp, self.mailbox)
                 link.in_state = _ON
             self._check_settled()
             link.drain()
@@ -1001,6 +1025,7 @@ class ShmPaths:
                     "aiodist: rank %d: rank %d's doorbell is not ours to ring: %s", self.rank, link.peer, exc
                 )
         link.out = self.new_ring(seg)
+        link.write_eager = writer_for(link.out)
         if self._polling:
             seg.words[W_POLLING] = 1
         self.send_frame(link.peer, ShmStart())

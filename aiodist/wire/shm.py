@@ -275,6 +275,13 @@ _SEQ = 1
 _COLLECTIVE_ITEMS = 7
 
 
+def _shape_of(fp: list[Any]) -> tuple[_Shape, Any]:
+    """A fingerprint's shape (without a collective's sequence number) and that number (0)."""
+    if len(fp) == _COLLECTIVE_ITEMS:
+        return (fp[0], None, *fp[2:]), fp[_SEQ]
+    return tuple(fp), 0
+
+
 class ShapeWriter:
     """The writing end's numbering of fingerprint shapes (one per ring).
 
@@ -298,17 +305,25 @@ class ShapeWriter:
             del self._ids[self._last]
             self._last = None
 
+    def known(self, key: tuple[int, int, int], fp: list[Any] | None) -> bytes | None:
+        """The binary header of a data record of ``key``/``fp`` whose shape is numbered already
+        (or that has no fingerprint); None where ``header`` must be asked (a new shape, or one
+        only msgpack carries). The compiled writer's reference (``transport.shm_eager``)."""
+        if fp is not None:
+            try:
+                if _shape_of(fp)[0] not in self._ids:
+                    return None
+            except TypeError:  # (an item that is not hashable)
+                return None
+        return self.header(key, fp)[1]  # (defines nothing: the shape is known)
+
     def header(self, key: tuple[int, int, int], fp: list[Any] | None) -> tuple[bytes | None, bytes | None]:
         """``(shape record or None, binary header or None)`` for a data record of ``key``/``fp``."""
         define = None
         if fp is None:
             sid, seq = 0, 0
         else:
-            if len(fp) == _COLLECTIVE_ITEMS:
-                seq = fp[_SEQ]
-                shape: _Shape = (fp[0], None, *fp[2:])
-            else:
-                seq, shape = 0, tuple(fp)
+            shape, seq = _shape_of(fp)
             try:
                 sid = self._ids.get(shape, 0)
             except TypeError:  # (an item that is not hashable)
