@@ -15,7 +15,7 @@ BENCH_OUT := build/bench
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py $(wildcard aiodist/*/*.pyx)
+$(STAMP): pyproject.toml setup.py $(wildcard aiodist/*/*.pyx) $(wildcard aiodist/*/*.pxd)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(LOCAL_TORCH),$(PY) -m pip install -q --no-index --find-links $(WHEELS) --no-deps 'torch==2.13.0')

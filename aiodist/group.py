@@ -718,6 +718,34 @@ class ProcessGroup:
             self._recv_name(src, tag), key, fut, timeout, cleanup=lambda: transport.cancel_recv(fut), peer=src
         )
 
+    # -- point-to-point on the caller's thread (the blocking face; see transport.shm_here) ---
+    def send_here(self, tensor: Any, dst: int, tag: int = 0) -> bool:
+        """A blocking send done on the calling thread (not the loop's), where the transport can
+        (a small message to a peer of this host): True once sent; False where nothing was sent
+        and it must go the loop's way (``send``). Raises what ``send`` raises for bad arguments."""
+        runs_on = self.runs_on
+        if runs_on.own_ops is not None or not runs_on.direct(tensor):
+            return False
+        peer, tag = self.p2p_args("send", dst, tag)
+        assert peer is not None
+        arr = _tensors.as_array(tensor, arg="tensor", writable=False)
+        fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
+        return self.transport.send_here(peer, (self.gid, P2P, tag), byte_view(arr), fp)
+
+    def recv_here(self, tensor: Any, src: int | None, tag: int, budget: float) -> tuple[bool, Any]:
+        """A blocking receive done on the calling thread, waiting ``budget`` s at most for its
+        message: ``(True, src)``; ``(False, None)`` where nothing was posted and it must go the
+        loop's way (``recv``). Raises what ``recv`` raises for bad arguments, and the receive's
+        error (a mismatch, a lost peer)."""
+        runs_on = self.runs_on
+        if src is None or runs_on.own_ops is not None or not runs_on.direct(tensor):
+            return False, None
+        peer, tag = self.p2p_args("recv", src, tag)
+        assert peer is not None
+        arr = _tensors.as_array(tensor, arg="tensor", writable=True)
+        fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
+        return self.transport.recv_here(peer, (self.gid, P2P, tag), byte_view(arr), fp, budget)
+
     def batch_isend_irecv(self, p2p_op_list: Sequence[Any]) -> list[Work] | None:
         """A backend whose engine carries point-to-point operations may start the list itself
         (NCCL coalesces it); None: start them one by one."""

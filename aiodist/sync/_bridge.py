@@ -14,14 +14,17 @@ import asyncio
 import functools
 import sys
 import traceback
+from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from aiodist import work as _work
+from aiodist._tensors import NotContiguousError
 from aiodist.backends.staged import on_caller_stream
 from aiodist.errors import DistError
 from aiodist.face.world import resolve_group
-from aiodist.runtime.loop_thread import get_loop_thread
+from aiodist.runtime import busy_poll as _busy_poll
+from aiodist.runtime.loop_thread import get_loop_thread, started_loop_thread
 from aiodist.work import Work
 
 __all__ = ["call", "on_loop", "run", "start_p2p"]
@@ -79,6 +82,7 @@ def start_p2p(
     if g.runs_on.direct(tensor) and not lt.in_loop_thread():
         arr = g.check_p2p(what, tensor, peer, tag)
         work = Work(lt.loop.create_future(), f"{what} (starting)")
+        _starting.append(work)
         lt.loop.call_soon_threadsafe(_start_into, functools.partial(fn, arr), work)
         return work
     return call(lambda: fn(tensor), True)  # type: ignore[no-any-return]
@@ -92,12 +96,44 @@ def _start_into(fn: Callable[[], Work], work: Work) -> None:
     except BaseException as exc:  # the group broke or went away since the caller checked
         out.set_exception(exc)
         return
+    finally:
+        _starting.remove(work)
     work.name = started.name
     inner = _work.take_outcome(started)  # ``work`` reports its outcome to the caller
     if inner.done():
         _follow(out, inner)
     else:
         inner.add_done_callback(functools.partial(_follow, out))
+
+
+# The operations ``start_p2p`` handed to the loop that it has not started yet (a deque: its
+# appends and removals are atomic under the GIL, from either thread). While there are any, a
+# blocking send or receive may not overtake them on the caller's thread.
+_starting: deque[Work] = deque()
+
+
+def send_here(tensor: Any, dst: int, group: Any, tag: int) -> bool:
+    """A blocking ``send`` done on this thread where it can be (``ProcessGroup.send_here``);
+    False: it goes the loop's way."""
+    lt = started_loop_thread()
+    if lt is None or _starting or lt.in_loop_thread():
+        return False
+    try:
+        return resolve_group(group).send_here(tensor, dst, tag)
+    except NotContiguousError:
+        return False  # (the loop's way sends a contiguous copy)
+
+
+def recv_here(tensor: Any, src: int | None, group: Any, tag: int) -> tuple[bool, Any]:
+    """A blocking ``recv`` done on this thread where it can be (``ProcessGroup.recv_here``),
+    spinning for the poll budget at most; ``(False, None)``: it goes the loop's way."""
+    lt = started_loop_thread()
+    if lt is None or _starting or lt.in_loop_thread():
+        return False, None
+    try:
+        return resolve_group(group).recv_here(tensor, src, tag, _busy_poll.budget())
+    except NotContiguousError:
+        return False, None
 
 
 def _follow(out: asyncio.Future[Any], src: asyncio.Future[Any]) -> None:

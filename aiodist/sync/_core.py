@@ -28,7 +28,7 @@ from aiodist.ops import ReduceOp, as_reduce_op
 from aiodist.runtime.timeouts import as_seconds
 from aiodist.settings import Settings
 from aiodist.sync import _job_backend, _torch_default
-from aiodist.sync._bridge import call, on_loop, run, start_p2p
+from aiodist.sync._bridge import call, on_loop, recv_here, run, send_here, start_p2p
 from aiodist.sync._launch import profiling, run_op
 from aiodist.sync._preamble import ANY, NON_GROUP_MEMBER, not_in_group, resolved, torch_op
 from aiodist.work import Work
@@ -561,6 +561,8 @@ def send(
     Returns:
         None, once ``tensor`` may be modified again.
     """
+    if not profiling() and send_here(tensor, resolved(dst), group, tag):
+        return  # (on this thread: a small message to a peer of this host)
     run_op("send", lambda t: _p2p.send(t, resolved(dst), group, tag), False, tensor)
 
 
@@ -579,6 +581,10 @@ def recv(
     Returns:
         The sender's global rank.
     """
+    if src is not None and not profiling():
+        done, sender = recv_here(tensor, src, group, tag)
+        if done:
+            return int(sender)  # (on this thread: a small message from a peer of this host)
     name = "recvAnySource" if src is None else "recv"  # gloo's record names
     return int(run_op(name, lambda t: _p2p.recv(t, src, group, tag), False, tensor))
 

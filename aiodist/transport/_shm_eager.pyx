@@ -13,13 +13,15 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyOb
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
-from aiodist.transport._matching cimport Mailbox, PendingRecv
+from aiodist.transport._matching cimport Mailbox, PendingRecv, _Held
 from aiodist.transport._shm_ring cimport Ring
+
+from collections import deque
 
 from aiodist.transport.matching import DISCARD
 from aiodist.wire.shm import BIN_DATA, BIN_TAG
 
-__all__ = ["runs_on", "take_eager", "write_eager", "writes"]
+__all__ = ["post_mine", "runs_on", "take_eager", "take_mine", "withdraw_mine", "write_eager", "writes"]
 
 cdef Py_ssize_t _BIN_SIZE = BIN_DATA.size
 cdef uint8_t _BIN_TAG = BIN_TAG
@@ -35,6 +37,18 @@ cdef bint _LITTLE_ENDIAN = (<unsigned char *>&_ONE)[0] == 1
 def writes(ring):
     """Whether ``write_eager`` can write into ``ring`` (compiled, on a little-endian host)."""
     return _LITTLE_ENDIAN and type(ring) is Ring
+
+
+cdef inline object _fp_of(list table, uint32_t sid, int64_t seq):
+    """The fingerprint of a binary header: its shape (``sid`` in ``table``, which has it) with
+    a collective's sequence number put back (as ``wire.shm.ShapeReader.data``)."""
+    shape = table[sid]
+    if shape is None:
+        return None
+    fp = list(shape)
+    if len(<list>fp) == _COLLECTIVE_ITEMS:
+        fp[_SEQ] = seq
+    return fp
 
 
 def runs_on(ring, mailbox):
@@ -68,13 +82,7 @@ def take_eager(Ring ring, shapes, Mailbox mailbox, peer):
         if sid >= <uint32_t>len(table):
             shapes.data(ring.data[start : start + hlen])  # (raises the twin's error)
             break
-        shape = table[sid]
-        if shape is None:
-            fp = None
-        else:
-            fp = list(shape)
-            if len(<list>fp) == _COLLECTIVE_ITEMS:
-                fp[_SEQ] = seq
+        fp = _fp_of(table, sid, seq)
         key = (gid, chan, n)
         target = mailbox._match(peer, key, <Py_ssize_t>plen, fp)
         if target is None:
@@ -153,3 +161,116 @@ def write_eager(Ring ring, shapes, tuple key, fp, payload):
         return 1 if ring._write(hdr, 32, <const unsigned char *>p.buf, p.len) else 0
     finally:
         PyBuffer_Release(&p)
+
+
+# -- a receive of a thread other than the loop's -------------------------------------------------
+# A blocking receive may wait on its caller's thread (ShmPaths.recv_here) instead of hopping to
+# the loop's. Each of these runs whole with the GIL held and calls no Python code (no callback of
+# the mailbox, no future with callbacks), so the loop's thread sees the mailbox and the ring
+# before or after one, never in between; the loop's thread may still fill the receive itself.
+
+
+def post_mine(Mailbox box, src, tuple key, buf, fp):
+    """Post a receive from ``src`` for the calling thread: its future, first in line for
+    ``key``, or None where the receive must be posted the loop's way (another receive waits
+    for ``key``, its operation failed, ``src`` is gone, a message held for it disagrees).
+    A message of ``src`` held for ``key`` fills it at once (the future is done: the caller
+    tells the mailbox's ``on_drain`` on the loop's thread)."""
+    cdef _Held held
+    if key in box._failed_keys or src in box._dead or key in box._abandoned:
+        return None
+    table_key = (src, key)
+    if box._posted.get(table_key) or box._posted_any.get(key):
+        return None
+    by_src = box._held.get(key)
+    if by_src:
+        q = by_src.get(src)
+        if q is None:
+            return None  # (held from others only: the loop's way keeps it simple)
+        held = <_Held>q[0]
+        if held.nbytes != buf.nbytes or (held.fp is not None and fp is not None and not _same_fp(held.fp, fp)):
+            return None
+        q.popleft()
+        if not q:
+            del by_src[src]
+            if not by_src:
+                del box._held[key]
+        box.unexpected_bytes -= held.nbytes
+        buf[:] = held.payload
+        fut = box.loop.create_future()
+        fut.set_result(src)
+        return fut
+    fut = box.loop.create_future()
+    box._posted[table_key] = deque([PendingRecv(src, key, buf, fp, box._next_order(), fut)])
+    return fut
+
+
+cdef inline bint _same_fp(sent, want):
+    if type(sent) is list and type(want) is list:
+        return sent == want
+    return list(sent) == list(want)
+
+
+def take_mine(Ring ring, shapes, Mailbox box, src, tuple key, fut):
+    """Take the record at the front of ``ring`` (``src``'s) if it is the message of the receive
+    ``post_mine`` gave ``fut`` for, agreeing in size and fingerprint: its bytes (``fut`` is
+    then done), or -1 where it is not (an empty ring, another message, a disagreement: the
+    loop's thread takes those)."""
+    cdef Py_ssize_t start
+    cdef uint32_t hlen, rlen, sid
+    cdef uint64_t plen
+    cdef int64_t gid, n, seq
+    cdef const unsigned char *hdr
+    cdef list table = shapes._shapes
+    cdef PendingRecv recv
+    cdef Py_buffer view
+    if not ring._next(&start, &hlen, &plen, &rlen):
+        return -1
+    hdr = ring._base + start
+    if hlen != _BIN_SIZE or hdr[0] != _BIN_TAG:
+        return -1
+    memcpy(&sid, hdr + 4, 4)
+    memcpy(&gid, hdr + 8, 8)
+    memcpy(&n, hdr + 16, 8)
+    memcpy(&seq, hdr + 24, 8)
+    if sid >= <uint32_t>len(table) or (gid, hdr[1], n) != key:
+        return -1
+    table_key = (src, key)
+    q = box._posted.get(table_key)
+    if not q or box._posted_any.get(key):
+        return -1
+    recv = <PendingRecv>q[0]
+    if recv.future is not fut or <Py_ssize_t>plen != recv.nbytes:
+        return -1
+    fp = _fp_of(table, sid, seq)
+    if recv.fp is not None and fp is not None and recv.fp != fp:
+        return -1
+    q.popleft()
+    del box._posted[table_key]
+    PyObject_GetBuffer(recv.buf, &view, PyBUF_WRITABLE)
+    try:
+        if plen:
+            memcpy(view.buf, hdr + hlen, plen)
+    finally:
+        PyBuffer_Release(&view)
+    ring._advance(rlen)
+    fut.set_result(src)
+    return plen
+
+
+def withdraw_mine(Mailbox box, src, tuple key, fut):
+    """Take back the receive ``post_mine`` gave ``fut`` for: True if it was still waiting
+    (nothing will fill it now); False if a message was matched to it (it completes soon)."""
+    cdef PendingRecv recv
+    table_key = (src, key)
+    q = box._posted.get(table_key)
+    if not q:
+        return False
+    for r in q:
+        recv = <PendingRecv>r
+        if recv.future is fut:
+            q.remove(recv)
+            if not q:
+                del box._posted[table_key]
+            return True
+    return False

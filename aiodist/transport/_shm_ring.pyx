@@ -18,6 +18,7 @@ whose header length is ``WRAP`` skips to the ring's start. The word indices are 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 cdef extern from *:
     """
@@ -33,6 +34,11 @@ cdef extern from *:
     static inline void aiodist_store(unsigned long long *p, unsigned long long v) {
         __atomic_store_n(p, v, __ATOMIC_RELEASE);
     }
+    static inline void aiodist_relax(void) {
+    #if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+    #endif
+    }
     """
     const int PREFIX_SIZE "AIODIST_PREFIX_SIZE"
     const int ALIGN "AIODIST_ALIGN"
@@ -41,6 +47,7 @@ cdef extern from *:
     const int W_TAIL "AIODIST_W_TAIL"
     unsigned long long aiodist_load(const unsigned long long *p) nogil
     void aiodist_store(unsigned long long *p, unsigned long long v) nogil
+    void aiodist_relax() nogil
 
 # (checked against the Python modules' values by the tests)
 LAYOUT = {"PREFIX_SIZE": PREFIX_SIZE, "ALIGN": ALIGN, "WRAP": WRAP, "W_HEAD": W_HEAD, "W_TAIL": W_TAIL}
@@ -169,6 +176,29 @@ cdef class Ring:
 
     def pending(self):
         return aiodist_load(&self._w[W_HEAD]) != self.tail
+
+    def wait_pending(self, double seconds):
+        """Spin, with the GIL released, until a record is there (or the reader moved) or
+        ``seconds`` have passed; whether either happened. (For a thread that waits for its peer without a loop: the
+        loop's thread runs meanwhile.)"""
+        cdef unsigned long long tail = self.tail
+        cdef unsigned long long *head = &self._w[W_HEAD]
+        cdef unsigned long long *freed = &self._w[W_TAIL]
+        cdef double deadline
+        cdef timespec now
+        cdef bint seen = False
+        with nogil:
+            clock_gettime(CLOCK_MONOTONIC, &now)
+            deadline = now.tv_sec + now.tv_nsec * 1e-9 + seconds
+            while True:
+                if aiodist_load(head) != tail or aiodist_load(freed) != tail:
+                    seen = True  # (a record, or the loop's thread took one meanwhile)
+                    break
+                clock_gettime(CLOCK_MONOTONIC, &now)
+                if now.tv_sec + now.tv_nsec * 1e-9 >= deadline:
+                    break
+                aiodist_relax()
+        return seen
 
 
 cdef inline void _prefix(unsigned char *at, uint32_t rlen, uint32_t hlen, uint64_t plen) noexcept:

@@ -194,6 +194,20 @@ class Transport(ABC):
         """Post a receive into ``buf``; the future resolves to the sender's rank."""
         return self.mailbox.post(src, key, buf, fp)
 
+    # A blocking operation done on its caller's thread, without the hop to the loop's (from a
+    # thread other than the loop's; see shm_here): where a transport can, for a small message
+    # to or from a peer of this host. These are all that may be called from another thread.
+    def send_here(self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None) -> bool:
+        """Send from this thread; False (nothing sent) where it must go the loop's way."""
+        return False
+
+    def recv_here(
+        self, src: int, key: Key, buf: memoryview, fp: Fingerprint | None, budget: float
+    ) -> tuple[bool, Any]:
+        """Receive on this thread, waiting ``budget`` s at most: ``(True, src)``, or
+        ``(False, None)`` where it must go the loop's way (nothing posted then)."""
+        return False, None
+
     def cancel_recv(self, fut: asyncio.Future[int]) -> None:
         """Withdraw the receive ``fut`` (its timeout, a cancellation): nothing is written into
         its buffer from now on; a message that was arriving for it goes to the next receive."""

@@ -193,6 +193,11 @@ class _Link:
         # the general reader (``_take``) takes every record.
         self.take_eager: EagerReader | None = None
         self.write_eager: EagerWriter | None = None  # (its twin on the writing side)
+        # The loop's thread is inside a multi-step read of ``inp`` or write into ``out`` (in
+        # Python: a record peeked, not yet freed; a shape numbered, not yet written): a thread
+        # that takes or writes records itself (shm_here) leaves the ring alone meanwhile.
+        self.draining = False
+        self.writing = False
         self.cma = False  # the peer may read our memory directly (it said so)
         # Doorbells (shm_segment.Doorbell): the read end of ours, which the peer writes to wake
         # us (and its name until the peer has opened it), and the write end of the peer's.
@@ -308,13 +313,17 @@ class _Link:
 
     def _write_data(self, out: Rings, key: Key, fp: Fingerprint | None, payload: memoryview) -> bool:
         """Write an eager data record (its fingerprint's shape first, where new); False: no room."""
-        define, header = self.shapes_out.header(key, fp)
-        if define is not None and not out.try_write(define, _EMPTY):
-            self.shapes_out.forget_last()
-            return False
-        if header is None:
-            header = self.paths.packb([DATA, key[0], key[1], key[2], fp])
-        return out.try_write(header, payload)
+        self.writing = True
+        try:
+            define, header = self.shapes_out.header(key, fp)
+            if define is not None and not out.try_write(define, _EMPTY):
+                self.shapes_out.forget_last()
+                return False
+            if header is None:
+                header = self.paths.packb([DATA, key[0], key[1], key[2], fp])
+            return out.try_write(header, payload)
+        finally:
+            self.writing = False
 
     def out_freed(self) -> bool:
         """The reader has freed room since a write last found none."""
@@ -413,6 +422,17 @@ class _Link:
             self.paths.bell(self.peer)
 
     # -- reading -------------------------------------------------------------------------
+    def readable(self) -> bool:
+        """Records may be taken from ``inp`` now: it is set up, not broken, not behind a
+        single-copy read under way, and not being read to its end after the peer left."""
+        return (
+            self.inp is not None
+            and self.in_state == _ON
+            and not self.busy
+            and self.broken is None
+            and not self.last_drain
+        )
+
     def drain(self) -> None:
         """Take every record the peer has written, in order, until one has to wait."""
         inp = self.inp
@@ -423,6 +443,7 @@ class _Link:
         eager = self.take_eager
         if eager is not None and paths.closing():
             eager = None  # (after our goodbye nothing is delivered: _take drops it)
+        self.draining = True
         try:
             while True:
                 if eager is not None:
@@ -450,6 +471,8 @@ class _Link:
         except (ValueError, ProtocolError) as exc:
             self.paths.broken_link(self.peer, f"rank {self.peer} wrote nonsense into shared memory: {exc}")
             return
+        finally:
+            self.draining = False
         if freed:
             self.paths.moved += 1
             if inp.words[W_BLOCKED]:
@@ -876,6 +899,9 @@ class ShmPaths:
         self.expected: set[int] | None = None  # (None: nobody waits for ``settled`` yet)
         self.bytes_sent = 0  # payload bytes through shared memory (both copies and single-copy)
         self.bytes_received = 0
+        # Messages sent and received on a blocking caller's own thread (shm_here).
+        self.sent_here = 0
+        self.received_here = 0
         self._polling = False
         self.eager = EAGER if _host.has_core_per_rank() else EAGER_SHARED_CORES
         self.moved = 0  # counts what moved on any link (records, reads, completions, writes)
@@ -1122,6 +1148,11 @@ class ShmPaths:
         for link in self.links.values():
             if link.stalled:
                 link.drain()
+
+    @property
+    def polling(self) -> bool:
+        """This loop polls the rings now (``set_polling``)."""
+        return self._polling
 
     def set_polling(self, polling: bool) -> None:
         """This loop starts or stops polling: writers may skip our doorbells meanwhile."""

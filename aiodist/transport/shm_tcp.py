@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 from aiodist.errors import DistNetworkError
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.settings import Settings
+from aiodist.transport import shm_here
 from aiodist.transport.base import Fingerprint, Key
 from aiodist.transport.shm import SETUP_TIMEOUT, ShmPaths
 from aiodist.transport.tcp import TcpTransport, _How, _PeerProtocol
@@ -81,7 +83,29 @@ class ShmTcpTransport(TcpTransport):
         """Payload bytes sent and received through shared memory so far."""
         return self._shm.bytes_sent, self._shm.bytes_received
 
+    @property
+    def here_counts(self) -> tuple[int, int]:
+        """Messages sent and received on a blocking caller's own thread so far (shm_here)."""
+        return self._shm.sent_here, self._shm.received_here
+
     # -- operations ------------------------------------------------------------------------
+    def send_here(self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None) -> bool:
+        if (
+            dst not in self._peers
+            or dst in self.dead_peers
+            or self._closing
+            or self.mailbox.was_abandoned(key)
+        ):
+            return False
+        return shm_here.send_here(self._shm, dst, key, payload, fp)
+
+    def recv_here(
+        self, src: int, key: Key, buf: memoryview, fp: Fingerprint | None, budget: float
+    ) -> tuple[bool, Any]:
+        if src not in self._peers or self._closing:
+            return False, None
+        return shm_here.recv_here(self._shm, src, key, buf, fp, budget)
+
     def abandon(self, key: Key) -> None:
         super().abandon(key)
         self._shm.abandon(key)

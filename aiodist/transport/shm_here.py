@@ -1,0 +1,132 @@
+"""A blocking send or receive over shared memory, done on its caller's thread.
+
+The blocking face runs every operation on the runtime's loop thread: the caller hands it over
+and sleeps until the loop wakes it, two thread switches that cost more than the whole message
+(a few µs in C, tens to hundreds through the hop on a loaded machine). Here a small blocking
+``send``/``recv`` with a peer on this host goes without the hop where that is safe:
+
+* a send writes its record into the ring itself (``_shm_eager.write_eager``) when nothing of
+  this link is queued or being written by the loop's thread, and rings the peer's doorbell;
+* a receive posts itself first in line for its key (``post_mine``), then takes its message
+  from the front of the ring (``take_mine``), spinning with the GIL released for the poll
+  budget (``Ring.wait_pending``) while it waits, its "polling" flag raised so that the writer
+  need not ring. The loop's thread may fill it meanwhile (a wake-up it got anyway); if neither
+  has within the budget, the receive is taken back (``withdraw_mine``) and the operation goes
+  the loop's way, from the start, with its timeout and everything else.
+
+Each compiled call runs whole under the GIL and calls no Python code, and the loop's thread
+marks the multi-step reads and writes it does in Python (``draining``, ``writing``), so the two
+threads never interleave inside one. Whatever is not the plain case (a message held or a
+receive already waiting for the key, a mismatch, a queue, a link being set up or broken, the
+Python engine) goes the loop's way, which handles it as always. Only compiled links serve here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiodist.native import compiled
+from aiodist.runtime.loop_thread import wait_future
+from aiodist.transport.shm_segment import W_BLOCKED, W_POLLING, Doorbell
+from aiodist.wire.fingerprint import Fingerprint
+from aiodist.wire.messages import Key
+
+if TYPE_CHECKING:
+    from aiodist.transport.shm import ShmPaths
+
+__all__ = ["recv_here", "send_here"]
+
+
+def send_here(paths: ShmPaths, peer: int, key: Key, payload: memoryview, fp: Fingerprint | None) -> bool:
+    """Write the message into ``peer``'s ring from this thread; False (nothing written) where
+    it must go the loop's way."""
+    link = paths.link_to(peer)
+    if (
+        link is None
+        or link.write_eager is None
+        or link.backlog
+        or link.writing
+        or payload.nbytes > paths.eager
+    ):
+        return False
+    out = link.out
+    if out is None or link.write_eager(out, link.shapes_out, key, fp, payload) != 1:
+        return False
+    paths.bytes_sent += payload.nbytes
+    paths.sent_here += 1
+    paths.moved += 1
+    bell = link.bell_out
+    if link.peer_polls() or bell is None or not Doorbell.ring(bell):
+        # (the loop's thread rings, with its frame fallback and its recheck of a poller that
+        # stops: neither may be done from here)
+        paths.loop.call_soon_threadsafe(link.wake_peer)
+    return True
+
+
+def recv_here(
+    paths: ShmPaths, peer: int, key: Key, buf: memoryview, fp: Fingerprint | None, budget: float
+) -> tuple[bool, Any]:
+    """Receive ``peer``'s message into ``buf`` on this thread: ``(True, peer)`` once it is
+    there, ``(False, None)`` where the receive must go the loop's way (nothing was posted
+    then). Raises the receive's error where it failed (a mismatch found by the loop's thread,
+    ``peer`` lost)."""
+    native = compiled("aiodist.transport._shm_eager")
+    link = paths.links.get(peer)
+    if (
+        native is None
+        or link is None
+        or link.take_eager is None
+        or not link.readable()
+        or buf.nbytes > paths.eager
+        or paths.closing()
+    ):
+        return False, None
+    inp: Any = link.inp  # (the compiled ring: readable() checked it is there)
+    out, box = link.out, paths.mailbox
+    fut: asyncio.Future[int] | None = native.post_mine(box, peer, key, buf, fp)
+    if fut is None:
+        return False, None
+    if fut.done():  # (a held message: a reader paused at the cap may go on)
+        if box.on_drain is not None:
+            paths.loop.call_soon_threadsafe(box.on_drain)
+        paths.received_here += 1
+        return True, fut.result()
+    until = time.monotonic() + budget
+    flagged = False
+    second_look = False
+    try:
+        while not fut.done():
+            if not link.draining and link.readable():
+                got = native.take_mine(inp, link.shapes_in, box, peer, key, fut)
+                if got >= 0:
+                    paths.bytes_received += got
+                    paths.moved += 1
+                    if inp.words[W_BLOCKED]:  # (the writer waits for room: the loop rings)
+                        paths.loop.call_soon_threadsafe(link.wake_peer)
+                    break
+                if inp.pending():
+                    if second_look:
+                        break  # another record is first: the loop's thread takes it (and
+                        # this receive goes the loop's way, behind it)
+                    second_look = True  # (or ours landed just after the look)
+                    continue
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            if not flagged and out is not None:
+                out.words[W_POLLING] = 1  # (the writer need not ring while this thread looks)
+                flagged = True
+            inp.wait_pending(left)
+    finally:
+        if flagged and out is not None:
+            out.words[W_POLLING] = 1 if paths.polling else 0
+    if fut.done():
+        paths.received_here += 1
+        return True, fut.result()
+    if native.withdraw_mine(box, peer, key, fut):
+        return False, None
+    # Matched meanwhile by the loop's thread (a message arriving another way, in pieces):
+    # it completes there.
+    return True, wait_future(paths.loop, fut)[1]

@@ -1,0 +1,177 @@
+"""Blocking sends and receives done on the caller's thread (``aiodist.transport.shm_here``).
+
+Where the compiled engine runs, a small blocking ``send``/``recv`` with a peer of this host goes
+without the hop to the runtime's loop thread. What users rely on is that it changes nothing but
+the time: every message arrives, in order, into the right buffer, whatever runs beside it
+(non-blocking operations before it, collectives, a late receiver, a receive from any rank), and
+a mistake raises what it raises the loop's way. Each job also reports how many messages went
+the caller's way, so that the tests know the path they meant to test did run (and, on the
+Python engine, did not).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aiodist import native
+from aiodist.testing import spawn
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+ROUNDS = 300
+
+
+def _here_counts() -> tuple[int, int]:
+    from aiodist.face import world as _world
+
+    return tuple(getattr(_world.world().transport, "here_counts", (0, 0)))  # type: ignore[return-value]
+
+
+def _traffic_job(rank: int, size: int) -> dict[str, Any]:
+    import time
+
+    import aiodist.sync as dist
+
+    dist.init_process_group("tcp", timeout=60)
+    peer = 1 - rank
+    out: dict[str, Any] = {"wrong": []}
+    buf = np.zeros(4, np.float64)
+    for i in range(ROUNDS):  # ping-pong, tags and sizes changing
+        tag = i % 3
+        if rank == 0:
+            dist.send(np.full(4, i, np.float64), peer, tag=tag)
+            got = dist.recv(buf, peer, tag=tag)
+            if got != peer or not (buf == i + 0.5).all():
+                out["wrong"].append(("pingpong", i, buf.tolist()))
+        else:
+            dist.recv(buf, peer, tag=tag)
+            if not (buf == i).all():
+                out["wrong"].append(("pingpong", i, buf.tolist()))
+            dist.send(buf + 0.5, peer, tag=tag)
+    # Non-blocking sends, then blocking ones of the same tag: they arrive after the burst.
+    if rank == 0:
+        works = [dist.isend(np.full(2, i, np.int32), peer, tag=5) for i in range(50)]
+        for i in range(50, 60):
+            dist.send(np.full(2, i, np.int32), peer, tag=5)
+        for w in works:
+            w.wait()
+    else:
+        small = np.zeros(2, np.int32)
+        seen = []
+        for _ in range(60):
+            dist.recv(small, peer, tag=5)
+            seen.append(int(small[0]))
+        if seen != list(range(60)):
+            out["wrong"].append(("burst order", seen))
+    # Receives posted ahead (irecv), then a blocking one of the same tag: it gets the last message.
+    if rank == 1:
+        bufs = [np.zeros(1, np.float32) for _ in range(5)]
+        works = [dist.irecv(b, peer, tag=6) for b in bufs]
+        last = np.zeros(1, np.float32)
+        dist.barrier()
+        dist.recv(last, peer, tag=6)
+        for w in works:
+            w.wait()
+        if [float(b[0]) for b in bufs] + [float(last[0])] != [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]:
+            out["wrong"].append(("posted ahead", [float(b[0]) for b in bufs], float(last[0])))
+    else:
+        dist.barrier()
+        for i in range(6):
+            dist.send(np.full(1, i, np.float32), peer, tag=6)
+    # A late receiver: the message waits, held, then the receive takes it.
+    if rank == 0:
+        dist.send(np.arange(3, dtype=np.int64), peer, tag=7)
+    else:
+        time.sleep(0.2)
+        got3 = np.zeros(3, np.int64)
+        dist.recv(got3, peer, tag=7)
+        if got3.tolist() != [0, 1, 2]:
+            out["wrong"].append(("late", got3.tolist()))
+    # Collectives between blocking point-to-point calls, and a receive from any rank.
+    t = np.ones(2, np.float32)
+    dist.all_reduce(t)
+    if t.tolist() != [2.0, 2.0]:
+        out["wrong"].append(("all_reduce", t.tolist()))
+    if rank == 0:
+        dist.send(np.full(1, 42, np.int16), peer)
+    else:
+        any_src = np.zeros(1, np.int16)
+        if dist.recv(any_src) != peer or any_src[0] != 42:
+            out["wrong"].append(("any source", any_src.tolist()))
+    out["here"] = _here_counts()
+    out["engine"] = native.describe()
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.parametrize("engine", ["compiled", "python"])
+def test_every_message_arrives_in_order_either_way(engine: str) -> None:
+    env = {"AIODIST_NATIVE": "0" if engine == "python" else "auto", "AIODIST_SHM": "1"}
+    res = spawn(_traffic_job, 2, timeout=110, env=env)
+    for out in res:
+        assert out["wrong"] == []
+    compiled = all(v == "compiled" for v in res[0]["engine"].values())
+    if engine == "python" or not compiled:
+        assert all(out["here"] == (0, 0) for out in res), [out["here"] for out in res]
+        if engine == "compiled" and native.choice() == "on":
+            pytest.fail(f"the compiled engine did not run: {res[0]['engine']}")
+    else:
+        # Most of the ping-pong went the caller's way on both ranks (some first messages of a
+        # shape, and those that found the loop's thread busy, take the loop's).
+        for out in res:
+            sent, received = out["here"]
+            assert sent >= ROUNDS // 2 and received >= ROUNDS // 2, out["here"]
+
+
+def _mistake_job(rank: int, size: int) -> dict[str, str]:
+    import aiodist.sync as dist
+
+    dist.init_process_group("tcp", timeout=60)
+    peer = 1 - rank
+    out: dict[str, str] = {}
+    for _ in range(3):  # (warm: the shapes known, the caller's way open)
+        if rank == 0:
+            dist.send(np.zeros(2, np.float32), peer)
+        else:
+            dist.recv(np.zeros(2, np.float32), peer)
+    try:
+        if rank == 0:
+            dist.send(np.zeros(2, np.float32), peer, tag=1)
+        else:
+            dist.recv(np.zeros(3, np.float32), peer, tag=1)  # (a buffer of another size)
+        out["size"] = "no error"
+    except dist.DistError as exc:
+        out["size"] = f"{type(exc).__name__}: {exc}"
+    dist.barrier()
+    for label, call in {
+        "to self": lambda: dist.send(np.zeros(1), rank),
+        "out of range": lambda: dist.recv(np.zeros(1), 5),
+        "bad tag": lambda: dist.send(np.zeros(1), peer, tag="x"),  # type: ignore[arg-type]
+    }.items():
+        try:
+            call()
+            out[label] = "no error"
+        except (ValueError, TypeError) as exc:
+            out[label] = type(exc).__name__  # (aiodist's, which are ValueError and TypeError too)
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+def test_mistakes_raise_as_the_loops_way_does() -> None:
+    """The same errors, word for word, on the compiled engine (the caller's way where it
+    applies) and on the Python engine (always the loop's way)."""
+    outs = {
+        engine: spawn(_mistake_job, 2, timeout=110, env={"AIODIST_SHM": "1", "AIODIST_NATIVE": mode})
+        for engine, mode in (("compiled", "auto"), ("python", "0"))
+    }
+    assert outs["compiled"] == outs["python"]
+    res = outs["compiled"]
+    assert res[1]["size"].startswith("CollectiveMismatchError: rank 1 expected send of 3 x float32"), res[1]
+    for out in res:
+        assert out["to self"] == "DistValueError" and out["out of range"] == "DistValueError"
+        assert out["bad tag"] == "DistTypeError"
