@@ -15,7 +15,7 @@ BENCH_OUT := build/bench
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py $(wildcard aiodist/*/*.pyx) $(wildcard aiodist/*/*.pxd)
+$(STAMP): pyproject.toml setup.py $(wildcard aiodist/*.pyx aiodist/*/*.pyx aiodist/*/*.pxd)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(LOCAL_TORCH),$(PY) -m pip install -q --no-index --find-links $(WHEELS) --no-deps 'torch==2.13.0')
@@ -36,12 +36,13 @@ test-fast: install
 	$(PY) -m pytest -q -m "unit or collectives" -n auto --dist worksteal
 
 # The Python twins of the compiled parts (AIODIST_NATIVE=0; aiodist.native): the unit tier,
-# which gives both twins the same inputs, and the tests of the transports they serve. `make test`
-# runs the compiled parts where they were built.
+# which gives both twins the same inputs, the in-memory tier (every operation through the Python
+# matcher and Work), and the tests of the shared-memory transport and the sync face they serve
+# (there the blocking calls take the loop thread's way). `make test` runs the compiled parts.
 test-python-engine: install
-	AIODIST_NATIVE=0 $(PY) -m pytest -q tests/unit tests/integration/test_shm.py \
-		tests/integration/test_transport_conformance.py tests/faults/test_faults_shm.py \
-		tests/faults/test_faults_stall.py
+	AIODIST_NATIVE=0 $(PY) -m pytest -q tests/unit tests/collectives tests/integration/test_shm.py \
+		tests/integration/test_transport_conformance.py tests/integration/test_sync_facade.py \
+		tests/faults/test_faults_shm.py tests/faults/test_faults_stall.py
 
 # Multi-host jobs on this machine: each host a network namespace on a bridge (tests/hosts/netbed.py),
 # one aiodist-run per host. Needs root; elsewhere the tier is skipped, saying why. About a minute.

@@ -15,6 +15,7 @@ PARTS = [
     Extension("aiodist.transport._shm_ring", ["aiodist/transport/_shm_ring.pyx"]),
     Extension("aiodist.transport._matching", ["aiodist/transport/_matching.pyx"]),
     Extension("aiodist.transport._shm_eager", ["aiodist/transport/_shm_eager.pyx"]),
+    Extension("aiodist._work", ["aiodist/_work.pyx"]),
 ]
 
 

@@ -744,7 +744,12 @@ class ProcessGroup:
         assert peer is not None
         arr = _tensors.as_array(tensor, arg="tensor", writable=True)
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
-        return self.transport.recv_here(peer, (self.gid, P2P, tag), byte_view(arr), fp, budget)
+        try:
+            return self.transport.recv_here(peer, (self.gid, P2P, tag), byte_view(arr), fp, budget)
+        except DistNetworkError as exc:  # (the peer was lost meanwhile: named as on_peer_gone does)
+            raise DistNetworkError(
+                f"{self._recv_name(peer, tag)} on rank {self.global_rank} failed: {exc}"
+            ) from exc
 
     def batch_isend_irecv(self, p2p_op_list: Sequence[Any]) -> list[Work] | None:
         """A backend whose engine carries point-to-point operations may start the list itself

@@ -29,12 +29,13 @@ import sys
 import traceback
 import warnings
 from collections.abc import Generator, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiodist.errors import DistError, DistTimeoutError
+from aiodist.native import compiled
 from aiodist.runtime.loop_thread import wait_future
 
-__all__ = ["Work", "discard", "future_of", "note_start", "take_outcome"]
+__all__ = ["PythonWork", "Work", "discard", "future_of", "note_start", "take_outcome"]
 
 log = logging.getLogger("aiodist")
 
@@ -396,3 +397,24 @@ def _callers_frames(stack: Iterable[traceback.FrameSummary]) -> list[traceback.F
     else the one asyncio records for its future in debug mode; none otherwise)."""
     frames = [f for f in stack if not os.path.abspath(f.filename).startswith(_NOT_THE_CALLER)]
     return frames[-6:]
+
+
+# -- the engine's choice -------------------------------------------------------------------------
+# The compiled twin of ``Work`` where it was built (``aiodist.native``), chosen when this module
+# loads: every Work of the process is of one class. A bad or unmet ``AIODIST_NATIVE`` is not
+# raised here (importing aiodist must work): ``init_process_group`` raises it, when the
+# transport asks for its compiled parts. ``PythonWork`` stays the reference and the fallback.
+PythonWork = Work
+
+
+def _compiled_work() -> Any:
+    try:
+        return compiled("aiodist._work")
+    except DistError:
+        return None
+
+
+_native = _compiled_work()
+if _native is not None and not TYPE_CHECKING:
+    _native.bind(_dropped, wait_future)
+    Work = _native.Work

@@ -253,7 +253,12 @@ def test_the_python_engine_runs_beside_the_compiled_one(tmp_path: Path) -> None:
     assert bench.main(argv) == 0
     jobs = json.loads(out_json.read_text())["jobs"]
     assert [j["aiodist"] for j in jobs] == ["aiodist", "aiodist-py"]
-    parts = ("aiodist.transport._shm_ring", "aiodist.transport._matching", "aiodist.transport._shm_eager")
+    parts = (
+        "aiodist._work",
+        "aiodist.transport._shm_ring",
+        "aiodist.transport._matching",
+        "aiodist.transport._shm_eager",
+    )
     assert jobs[1]["engine"] == {part: "python (AIODIST_NATIVE=0)" for part in parts}, jobs[1]
     for part in parts:  # (auto: as built)
         assert jobs[0]["engine"][part].startswith(("compiled", "python (not built")), jobs[0]
