@@ -732,24 +732,38 @@ class ProcessGroup:
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
         return self.transport.send_here(peer, (self.gid, P2P, tag), byte_view(arr), fp)
 
-    def recv_here(self, tensor: Any, src: int | None, tag: int, budget: float) -> tuple[bool, Any]:
+    def recv_here(self, tensor: Any, src: int | None, tag: int, budget: float) -> asyncio.Future[int] | None:
         """A blocking receive done on the calling thread, waiting ``budget`` s at most for its
-        message: ``(True, src)``; ``(False, None)`` where nothing was posted and it must go the
-        loop's way (``recv``). Raises what ``recv`` raises for bad arguments, and the receive's
-        error (a mismatch, a lost peer)."""
+        message: its future (done; or matched and still arriving, which ``follow_recv`` then
+        tracks on the loop); None where nothing was posted and it must go the loop's way
+        (``recv``). Raises what ``recv`` raises for bad arguments."""
         runs_on = self.runs_on
         if src is None or runs_on.own_ops is not None or not runs_on.direct(tensor):
-            return False, None
+            return None
         peer, tag = self.p2p_args("recv", src, tag)
         assert peer is not None
         arr = _tensors.as_array(tensor, arg="tensor", writable=True)
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
+        return self.transport.recv_here(peer, (self.gid, P2P, tag), byte_view(arr), fp, budget)
+
+    def outcome_here(self, fut: asyncio.Future[int], src: int, tag: int) -> int:
+        """The sender of a receive done on the calling thread (``recv_here``), or its error: a
+        peer lost meanwhile is named as ``on_peer_gone`` names it for a tracked receive."""
         try:
-            return self.transport.recv_here(peer, (self.gid, P2P, tag), byte_view(arr), fp, budget)
-        except DistNetworkError as exc:  # (the peer was lost meanwhile: named as on_peer_gone does)
+            return fut.result()
+        except DistNetworkError as exc:
             raise DistNetworkError(
-                f"{self._recv_name(peer, tag)} on rank {self.global_rank} failed: {exc}"
+                f"{self._recv_name(src, tag)} on rank {self.global_rank} failed: {exc}"
             ) from exc
+
+    def follow_recv(self, fut: asyncio.Future[int], src: int, tag: int, timeout: float | None = None) -> Work:
+        """Track, on the loop, a receive ``recv_here`` posted that is still arriving: its
+        timeout, a lost peer, as ``recv`` tracks its own."""
+        transport = self.transport
+        key = (self.gid, P2P, tag)
+        return self._watch(
+            self._recv_name(src, tag), key, fut, timeout, cleanup=lambda: transport.cancel_recv(fut), peer=src
+        )
 
     def batch_isend_irecv(self, p2p_op_list: Sequence[Any]) -> list[Work] | None:
         """A backend whose engine carries point-to-point operations may start the list itself

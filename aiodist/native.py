@@ -10,7 +10,10 @@ as the reference and the fallback. ``AIODIST_NATIVE`` chooses (``aiodist.setting
 * ``0``: the Python engine, compiled parts or not.
 
 The choice is made once per process, at the first use of a part, before any job's settings
-exist (as pyzmq chooses its backend at import).
+exist (as pyzmq chooses its backend at import); ``Work``'s when ``aiodist.work`` loads
+(``compiled_at_import``: every Work of a process is of one class), from the environment as it
+is then, so a process that sets ``AIODIST_NATIVE`` must do so before it imports aiodist
+(``aiodist.testing.spawn`` and the bench start their ranks with it set).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from types import ModuleType
 from aiodist import settings as _settings
 from aiodist.errors import DistError
 
-__all__ = ["choice", "compiled", "describe"]
+__all__ = ["choice", "compiled", "compiled_at_import", "describe"]
 
 log = logging.getLogger("aiodist")
 
@@ -48,7 +51,23 @@ def compiled(name: str) -> ModuleType | None:
     """
     if name in _loaded:
         return _loaded[name]
-    mode = choice()
+    return _load(name, choice(), quiet=False)
+
+
+def compiled_at_import(name: str) -> ModuleType | None:
+    """``compiled(name)`` for a part chosen when its Python module loads (``aiodist.work``):
+    ``AIODIST_NATIVE`` as it is now, without fixing the choice of the parts asked for later
+    (a process may set the variable after importing aiodist, as ``aiodist.testing.spawn``
+    does). Never raises nor warns: a bad or unmet ``AIODIST_NATIVE`` runs the Python twin here,
+    and ``init_process_group`` raises it when the transport asks for its parts."""
+    try:
+        mode = _settings.native_engine()
+    except DistError:
+        mode = "off"
+    return _load(name, "off" if mode == "off" else "auto", quiet=True)
+
+
+def _load(name: str, mode: str, *, quiet: bool) -> ModuleType | None:
     module: ModuleType | None = None
     if mode == "off":
         _why[name] = "AIODIST_NATIVE=0"
@@ -63,13 +82,14 @@ def compiled(name: str) -> ModuleType | None:
                     "with both), or unset AIODIST_NATIVE to run the Python engine"
                 ) from exc
             _why[name] = f"not built ({exc})"
-            log.warning(
-                "aiodist: %s is not built (%s): running its Python twin, slower on small messages "
-                "(reinstall aiodist where Cython and a C compiler are at hand; AIODIST_NATIVE=0 "
-                "chooses the Python engine without this warning)",
-                name,
-                exc,
-            )
+            if not quiet:
+                log.warning(
+                    "aiodist: %s is not built (%s): running its Python twin, slower on small "
+                    "messages (reinstall aiodist where Cython and a C compiler are at hand; "
+                    "AIODIST_NATIVE=0 chooses the Python engine without this warning)",
+                    name,
+                    exc,
+                )
     _loaded[name] = module
     return module
 

@@ -32,7 +32,7 @@ from collections.abc import Generator, Iterable
 from typing import TYPE_CHECKING, Any
 
 from aiodist.errors import DistError, DistTimeoutError
-from aiodist.native import compiled
+from aiodist.native import compiled_at_import
 from aiodist.runtime.loop_thread import wait_future
 
 __all__ = ["PythonWork", "Work", "discard", "future_of", "note_start", "take_outcome"]
@@ -400,21 +400,13 @@ def _callers_frames(stack: Iterable[traceback.FrameSummary]) -> list[traceback.F
 
 
 # -- the engine's choice -------------------------------------------------------------------------
-# The compiled twin of ``Work`` where it was built (``aiodist.native``), chosen when this module
-# loads: every Work of the process is of one class. A bad or unmet ``AIODIST_NATIVE`` is not
-# raised here (importing aiodist must work): ``init_process_group`` raises it, when the
-# transport asks for its compiled parts. ``PythonWork`` stays the reference and the fallback.
+# The compiled twin of ``Work`` where it was built, chosen when this module loads
+# (``aiodist.native.compiled_at_import``): every Work of the process is of one class. A bad or
+# unmet ``AIODIST_NATIVE`` is not raised here (importing aiodist must work): ``init_process_group``
+# raises it, when the transport asks for its compiled parts. ``PythonWork`` stays the reference
+# and the fallback.
 PythonWork = Work
-
-
-def _compiled_work() -> Any:
-    try:
-        return compiled("aiodist._work")
-    except DistError:
-        return None
-
-
-_native = _compiled_work()
+_native = compiled_at_import("aiodist._work")
 if _native is not None and not TYPE_CHECKING:
     _native.bind(_dropped, wait_future)
     Work = _native.Work

@@ -56,8 +56,8 @@ from aiodist.bench.launched import refusal, run_launched
 from aiodist.bench.launchers import Launch, LaunchError, detect_launch
 from aiodist.bench.mpi import run_mpi_job
 from aiodist.bench.progress import Progress
-from aiodist.bench.worker import AIODIST_NAMES, ASKED_WORDS, JobConfig, worker_main
-from aiodist.testing.procs import free_port
+from aiodist.bench.worker import AIODIST_NAMES, ASKED, ASKED_WORDS, JobConfig, worker_main
+from aiodist.testing.procs import free_port, started_with
 
 __all__ = ["main", "parse_size", "run_job"]
 
@@ -157,8 +157,9 @@ def run_job(
     )
     if mpi is not None and "error" in mpi:
         say(f"# mpi: not measured in this job: {mpi['error']}")
-    for p in procs:
-        p.start()
+    with started_with({**env, **ASKED[cfg.transport]}):  # (as its ranks will see it, from their import)
+        for p in procs:
+            p.start()
     collector = JobCollector(
         job, n, impls, in_process=1 + int(cfg.compare), say=say, step=step, mpi=mpi, latency=cfg.latency
     )

@@ -126,14 +126,22 @@ def send_here(tensor: Any, dst: int, group: Any, tag: int) -> bool:
 
 def recv_here(tensor: Any, src: int | None, group: Any, tag: int) -> tuple[bool, Any]:
     """A blocking ``recv`` done on this thread where it can be (``ProcessGroup.recv_here``),
-    spinning for the poll budget at most; ``(False, None)``: it goes the loop's way."""
+    spinning for the poll budget at most: ``(True, sender)``, or ``(False, None)``: it goes the
+    loop's way. Raises the receive's error."""
     lt = started_loop_thread()
-    if lt is None or _starting or lt.in_loop_thread():
+    if lt is None or _starting or lt.in_loop_thread() or src is None:
         return False, None
+    g = resolve_group(group)
     try:
-        return resolve_group(group).recv_here(tensor, src, tag, _busy_poll.budget())
+        fut = g.recv_here(tensor, src, tag, _busy_poll.budget())
     except NotContiguousError:
         return False, None
+    if fut is None:
+        return False, None
+    if fut.done():
+        return True, g.outcome_here(fut, src, tag)
+    # (matched by the loop's thread to a message still arriving: tracked there, as any receive)
+    return True, call(lambda: g.follow_recv(fut, src, tag), False)
 
 
 def _follow(out: asyncio.Future[Any], src: asyncio.Future[Any]) -> None:

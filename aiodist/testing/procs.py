@@ -9,6 +9,7 @@ raise ``RankFailed`` with every rank's story; no process is left behind.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import multiprocessing as mp
 import os
@@ -17,16 +18,35 @@ import secrets
 import socket
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from aiodist.transport import shm_segment
 
-__all__ = ["RankFailed", "free_port", "spawn"]
+__all__ = ["RankFailed", "free_port", "spawn", "started_with"]
 
 
 class RankFailed(AssertionError):
     """One or more ranks of a spawned job failed; the message has each one's traceback."""
+
+
+@contextlib.contextmanager
+def started_with(env: Mapping[str, str | None]) -> Iterator[None]:
+    """While it lasts, this process's environment is changed as ``env`` says (None: removed),
+    for the processes started meanwhile: a spawned process reads it from its first line, when
+    it imports aiodist (which chooses its compiled ``Work`` then: ``aiodist.native``), not only
+    once its entry function runs."""
+    saved = dict(os.environ)
+    try:
+        for name, value in env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def free_port() -> int:
@@ -91,8 +111,9 @@ def spawn(
         ctx.Process(target=_entry, args=(fn, r, world_size, full_env, tuple(args), results), daemon=True)
         for r in range(world_size)
     ]
-    for p in procs:
-        p.start()
+    with started_with(full_env):
+        for p in procs:
+            p.start()
     out: dict[int, tuple[bool, Any]] = {}
     deadline = time.monotonic() + timeout
     try:

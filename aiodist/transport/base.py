@@ -203,10 +203,11 @@ class Transport(ABC):
 
     def recv_here(
         self, src: int, key: Key, buf: memoryview, fp: Fingerprint | None, budget: float
-    ) -> tuple[bool, Any]:
-        """Receive on this thread, waiting ``budget`` s at most: ``(True, src)``, or
-        ``(False, None)`` where it must go the loop's way (nothing posted then)."""
-        return False, None
+    ) -> asyncio.Future[int] | None:
+        """Receive on this thread, waiting ``budget`` s at most: the receive's future (done,
+        or matched and still arriving: to be tracked on the loop's thread), or None where it
+        must go the loop's way (nothing posted then)."""
+        return None
 
     def cancel_recv(self, fut: asyncio.Future[int]) -> None:
         """Withdraw the receive ``fut`` (its timeout, a cancellation): nothing is written into

@@ -12,7 +12,9 @@ and sleeps until the loop wakes it, two thread switches that cost more than the 
   budget (``Ring.wait_pending``) while it waits, its "polling" flag raised so that the writer
   need not ring. The loop's thread may fill it meanwhile (a wake-up it got anyway); if neither
   has within the budget, the receive is taken back (``withdraw_mine``) and the operation goes
-  the loop's way, from the start, with its timeout and everything else.
+  the loop's way, from the start, with its timeout and everything else; one that the loop's
+  thread matched meanwhile to a message still arriving is handed to the loop's thread to be
+  tracked there (its timeout, a lost peer) as any receive.
 
 Each compiled call runs whole under the GIL and calls no Python code, and the loop's thread
 marks the multi-step reads and writes it does in Python (``draining``, ``writing``), so the two
@@ -28,7 +30,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from aiodist.native import compiled
-from aiodist.runtime.loop_thread import wait_future
 from aiodist.transport.shm_segment import W_BLOCKED, W_POLLING, Doorbell
 from aiodist.wire.fingerprint import Fingerprint
 from aiodist.wire.messages import Key
@@ -67,11 +68,12 @@ def send_here(paths: ShmPaths, peer: int, key: Key, payload: memoryview, fp: Fin
 
 def recv_here(
     paths: ShmPaths, peer: int, key: Key, buf: memoryview, fp: Fingerprint | None, budget: float
-) -> tuple[bool, Any]:
-    """Receive ``peer``'s message into ``buf`` on this thread: ``(True, peer)`` once it is
-    there, ``(False, None)`` where the receive must go the loop's way (nothing was posted
-    then). Raises the receive's error where it failed (a mismatch found by the loop's thread,
-    ``peer`` lost)."""
+) -> asyncio.Future[int] | None:
+    """Receive ``peer``'s message into ``buf`` on this thread: the receive's future, done (its
+    result the sender, or its error: a mismatch the loop's thread found, ``peer`` lost), or
+    still pending where the loop's thread matched it to a message that is still arriving (the
+    caller has it tracked there, as any receive); None where nothing was posted and the
+    receive must go the loop's way."""
     native = compiled("aiodist.transport._shm_eager")
     link = paths.links.get(peer)
     if (
@@ -82,17 +84,17 @@ def recv_here(
         or buf.nbytes > paths.eager
         or paths.closing()
     ):
-        return False, None
+        return None
     inp: Any = link.inp  # (the compiled ring: readable() checked it is there)
     out, box = link.out, paths.mailbox
     fut: asyncio.Future[int] | None = native.post_mine(box, peer, key, buf, fp)
     if fut is None:
-        return False, None
+        return None
     if fut.done():  # (a held message: a reader paused at the cap may go on)
         if box.on_drain is not None:
             paths.loop.call_soon_threadsafe(box.on_drain)
         paths.received_here += 1
-        return True, fut.result()
+        return fut
     until = time.monotonic() + budget
     flagged = False
     second_look = False
@@ -124,9 +126,7 @@ def recv_here(
             out.words[W_POLLING] = 1 if paths.polling else 0
     if fut.done():
         paths.received_here += 1
-        return True, fut.result()
+        return fut
     if native.withdraw_mine(box, peer, key, fut):
-        return False, None
-    # Matched meanwhile by the loop's thread (a message arriving another way, in pieces):
-    # it completes there.
-    return True, wait_future(paths.loop, fut)[1]
+        return None
+    return fut  # (matched meanwhile by the loop's thread to a message arriving another way)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 
 from aiodist.errors import DistNetworkError
 from aiodist.runtime import busy_poll as _busy_poll
@@ -101,9 +100,9 @@ class ShmTcpTransport(TcpTransport):
 
     def recv_here(
         self, src: int, key: Key, buf: memoryview, fp: Fingerprint | None, budget: float
-    ) -> tuple[bool, Any]:
+    ) -> asyncio.Future[int] | None:
         if src not in self._peers or self._closing:
-            return False, None
+            return None
         return shm_here.recv_here(self._shm, src, key, buf, fp, budget)
 
     def abandon(self, key: Key) -> None:
