@@ -25,9 +25,13 @@ from types import ModuleType
 from aiodist import settings as _settings
 from aiodist.errors import DistError
 
-__all__ = ["choice", "compiled", "compiled_at_import", "describe"]
+__all__ = ["READ_AT_IMPORT", "choice", "compiled", "compiled_at_import", "describe"]
 
 log = logging.getLogger("aiodist")
+
+#: The variables read as aiodist is imported (``compiled_at_import``): a process that sets them
+#: must do so before.
+READ_AT_IMPORT = ("AIODIST_NATIVE",)
 
 _choice: str | None = None
 _loaded: dict[str, ModuleType | None] = {}

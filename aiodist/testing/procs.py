@@ -16,11 +16,13 @@ import os
 import queue
 import secrets
 import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from aiodist.native import READ_AT_IMPORT
 from aiodist.transport import shm_segment
 
 __all__ = ["RankFailed", "free_port", "spawn", "started_with"]
@@ -30,23 +32,33 @@ class RankFailed(AssertionError):
     """One or more ranks of a spawned job failed; the message has each one's traceback."""
 
 
+# (one at a time: two threads starting jobs at once must not see each other's variables)
+_starting = threading.Lock()
+
+
 @contextlib.contextmanager
 def started_with(env: Mapping[str, str | None]) -> Iterator[None]:
-    """While it lasts, this process's environment is changed as ``env`` says (None: removed),
-    for the processes started meanwhile: a spawned process reads it from its first line, when
-    it imports aiodist (which chooses its compiled ``Work`` then: ``aiodist.native``), not only
-    once its entry function runs."""
-    saved = dict(os.environ)
-    try:
-        for name, value in env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    """While it lasts, the variables that aiodist reads as it is imported
+    (``aiodist.native.READ_AT_IMPORT``) are as ``env`` says (None: removed), for the processes
+    started meanwhile: a spawned process imports aiodist before its entry function can set
+    them. The other variables of ``env`` are the entry function's to set."""
+    with _starting:
+        saved = {name: os.environ.get(name) for name in READ_AT_IMPORT}
+        try:
+            for name in READ_AT_IMPORT:
+                if name in env:
+                    value = env[name]
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def free_port() -> int:
