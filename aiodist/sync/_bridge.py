@@ -83,7 +83,11 @@ def start_p2p(
         arr = g.check_p2p(what, tensor, peer, tag)
         work = Work(lt.loop.create_future(), f"{what} (starting)")
         _starting.append(work)
-        lt.loop.call_soon_threadsafe(_start_into, functools.partial(fn, arr), work)
+        try:
+            lt.loop.call_soon_threadsafe(_start_into, functools.partial(fn, arr), work)
+        except BaseException:  # (the loop is closed: nothing will start it)
+            _starting.remove(work)
+            raise
         return work
     return call(lambda: fn(tensor), True)  # type: ignore[no-any-return]
 
@@ -124,12 +128,12 @@ def send_here(tensor: Any, dst: int, group: Any, tag: int) -> bool:
         return False  # (the loop's way sends a contiguous copy)
 
 
-def recv_here(tensor: Any, src: int | None, group: Any, tag: int) -> tuple[bool, Any]:
+def recv_here(tensor: Any, src: int, group: Any, tag: int) -> tuple[bool, Any]:
     """A blocking ``recv`` done on this thread where it can be (``ProcessGroup.recv_here``),
     spinning for the poll budget at most: ``(True, sender)``, or ``(False, None)``: it goes the
     loop's way. Raises the receive's error."""
     lt = started_loop_thread()
-    if lt is None or _starting or lt.in_loop_thread() or src is None:
+    if lt is None or _starting or lt.in_loop_thread():
         return False, None
     g = resolve_group(group)
     try:

@@ -1,6 +1,9 @@
 # The compiled matcher's fields and C methods (_matching.pyx), for the compiled readers that cimport it.
 
 
+cdef bint same_fp(sent, want) except -1
+
+
 cdef class PendingRecv:
     cdef readonly object src
     cdef readonly tuple key

@@ -46,8 +46,9 @@ cdef inline void _fail_future(fut, exc):
     fut.exception()
 
 
-cdef inline bint _same_fp(sent, want):
-    """``list(sent) == list(want)`` without the copies where both are lists (the common case)."""
+cdef bint same_fp(sent, want) except -1:
+    """``list(sent) == list(want)`` without the copies where both are lists (the common case).
+    (Declared in _matching.pxd: the compiled readers compare fingerprints with it too.)"""
     if type(sent) is list and type(want) is list:
         return sent == want
     return list(sent) == list(want)
@@ -244,7 +245,7 @@ cdef class Mailbox:
         return recv
 
     cdef object _check(self, src, tuple key, sent_fp, want_fp, Py_ssize_t nbytes, Py_ssize_t bufbytes):
-        if nbytes == bufbytes and (want_fp is None or sent_fp is None or _same_fp(sent_fp, want_fp)):
+        if nbytes == bufbytes and (want_fp is None or sent_fp is None or same_fp(sent_fp, want_fp)):
             return None
         return check(self, self.on_mismatch, src, key, sent_fp, want_fp, nbytes, bufbytes)
 

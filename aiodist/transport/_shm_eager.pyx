@@ -13,7 +13,7 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyOb
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
-from aiodist.transport._matching cimport Mailbox, PendingRecv, _Held
+from aiodist.transport._matching cimport Mailbox, PendingRecv, _Held, same_fp
 from aiodist.transport._shm_ring cimport Ring
 
 from collections import deque
@@ -39,6 +39,27 @@ def writes(ring):
     return _LITTLE_ENDIAN and type(ring) is Ring
 
 
+cdef struct _Bin:
+    # An eager data record's binary header (wire.shm.BIN_DATA), read.
+    uint8_t chan
+    uint32_t sid
+    int64_t gid
+    int64_t n
+    int64_t seq
+
+
+cdef inline bint _read_bin(const unsigned char *hdr, uint32_t hlen, _Bin *out) noexcept:
+    """Read ``hdr`` into ``out`` if it is an eager data record's binary header (else False)."""
+    if hlen != _BIN_SIZE or hdr[0] != _BIN_TAG:
+        return False
+    out.chan = hdr[1]
+    memcpy(&out.sid, hdr + 4, 4)  # (little-endian, as BIN_DATA: runs_on checks the host)
+    memcpy(&out.gid, hdr + 8, 8)
+    memcpy(&out.n, hdr + 16, 8)
+    memcpy(&out.seq, hdr + 24, 8)
+    return True
+
+
 cdef inline object _fp_of(list table, uint32_t sid, int64_t seq):
     """The fingerprint of a binary header: its shape (``sid`` in ``table``, which has it) with
     a collective's sequence number put back (as ``wire.shm.ShapeReader.data``)."""
@@ -60,10 +81,9 @@ def runs_on(ring, mailbox):
 def take_eager(Ring ring, shapes, Mailbox mailbox, peer):
     """See ``shm_eager.take_eager``."""
     cdef Py_ssize_t start
-    cdef uint32_t hlen, rlen, sid
+    cdef uint32_t hlen, rlen
     cdef uint64_t plen
-    cdef uint8_t chan
-    cdef int64_t gid, n, seq
+    cdef _Bin bin
     cdef const unsigned char *hdr
     cdef Py_ssize_t taken = 0
     cdef Py_ssize_t delivered = 0
@@ -72,18 +92,13 @@ def take_eager(Ring ring, shapes, Mailbox mailbox, peer):
     cdef Py_buffer view
     while ring._next(&start, &hlen, &plen, &rlen):
         hdr = ring._base + start
-        if hlen != _BIN_SIZE or hdr[0] != _BIN_TAG:
+        if not _read_bin(hdr, hlen, &bin):
             break
-        chan = hdr[1]
-        memcpy(&sid, hdr + 4, 4)
-        memcpy(&gid, hdr + 8, 8)
-        memcpy(&n, hdr + 16, 8)
-        memcpy(&seq, hdr + 24, 8)
-        if sid >= <uint32_t>len(table):
+        if bin.sid >= <uint32_t>len(table):
             shapes.data(ring.data[start : start + hlen])  # (raises the twin's error)
             break
-        fp = _fp_of(table, sid, seq)
-        key = (gid, chan, n)
+        fp = _fp_of(table, bin.sid, bin.seq)
+        key = (bin.gid, bin.chan, bin.n)
         target = mailbox._match(peer, key, <Py_ssize_t>plen, fp)
         if target is None:
             break
@@ -188,7 +203,7 @@ def post_mine(Mailbox box, src, tuple key, buf, fp):
         if q is None:
             return None  # (held from others only: the loop's way keeps it simple)
         held = <_Held>q[0]
-        if held.nbytes != buf.nbytes or (held.fp is not None and fp is not None and not _same_fp(held.fp, fp)):
+        if held.nbytes != buf.nbytes or (held.fp is not None and fp is not None and not same_fp(held.fp, fp)):
             return None
         q.popleft()
         if not q:
@@ -205,21 +220,15 @@ def post_mine(Mailbox box, src, tuple key, buf, fp):
     return fut
 
 
-cdef inline bint _same_fp(sent, want):
-    if type(sent) is list and type(want) is list:
-        return sent == want
-    return list(sent) == list(want)
-
-
 def take_mine(Ring ring, shapes, Mailbox box, src, tuple key, fut):
     """Take the record at the front of ``ring`` (``src``'s) if it is the message of the receive
     ``post_mine`` gave ``fut`` for, agreeing in size and fingerprint: its bytes (``fut`` is
     then done), or -1 where it is not (an empty ring, another message, a disagreement: the
     loop's thread takes those)."""
     cdef Py_ssize_t start
-    cdef uint32_t hlen, rlen, sid
+    cdef uint32_t hlen, rlen
     cdef uint64_t plen
-    cdef int64_t gid, n, seq
+    cdef _Bin bin
     cdef const unsigned char *hdr
     cdef list table = shapes._shapes
     cdef PendingRecv recv
@@ -227,13 +236,9 @@ def take_mine(Ring ring, shapes, Mailbox box, src, tuple key, fut):
     if not ring._next(&start, &hlen, &plen, &rlen):
         return -1
     hdr = ring._base + start
-    if hlen != _BIN_SIZE or hdr[0] != _BIN_TAG:
+    if not _read_bin(hdr, hlen, &bin):
         return -1
-    memcpy(&sid, hdr + 4, 4)
-    memcpy(&gid, hdr + 8, 8)
-    memcpy(&n, hdr + 16, 8)
-    memcpy(&seq, hdr + 24, 8)
-    if sid >= <uint32_t>len(table) or (gid, hdr[1], n) != key:
+    if bin.sid >= <uint32_t>len(table) or (bin.gid, bin.chan, bin.n) != key:
         return -1
     table_key = (src, key)
     q = box._posted.get(table_key)
@@ -242,7 +247,7 @@ def take_mine(Ring ring, shapes, Mailbox box, src, tuple key, fut):
     recv = <PendingRecv>q[0]
     if recv.future is not fut or <Py_ssize_t>plen != recv.nbytes:
         return -1
-    fp = _fp_of(table, sid, seq)
+    fp = _fp_of(table, bin.sid, bin.seq)
     if recv.fp is not None and fp is not None and recv.fp != fp:
         return -1
     q.popleft()
