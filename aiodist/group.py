@@ -32,6 +32,7 @@ from aiodist.backends.native import NATIVE
 from aiodist.collectives import select
 from aiodist.collectives.context import OpContext
 from aiodist.collectives.detail import check_fingerprints
+from aiodist.collectives.here import Handoff, HereContext, HereState, drive
 from aiodist.collectives.steps import Stepper, Steps
 from aiodist.errors import (
     CollectiveMismatchError,
@@ -148,6 +149,10 @@ class ProcessGroup:
         self._refused: dict[tuple[int, int], CollectiveMismatchError] = {}
         # The tasks that started collectives here, and when differing ones are a mismatch.
         self.origins = _origin.OriginBook(task_check)
+        # Whether its blocking collectives may run on their callers' threads (``runs_here``:
+        # facts of the job, worked out once), and the future given for the sends made there.
+        self._runs_here: bool | None = None
+        self._sent_here: asyncio.Future[None] | None = None
         if self.rank >= 0:
             transport.attach(gid, self)
 
@@ -522,7 +527,10 @@ class ProcessGroup:
     def run_steps(self, ctx: OpContext, steps: Steps, timeout: float | None = None) -> Work:
         """Run the numbered collective ``ctx`` as ``steps`` (``aiodist.collectives.steps``):
         advanced by its arrivals, with no task; failures, timeouts and the check for late data
-        are a task's (``start``)."""
+        are a task's (``start``). From a blocking caller's thread (a ``HereContext``): run there
+        while they complete there (``aiodist.collectives.here``)."""
+        if type(ctx) is HereContext and not ctx.here.on_loop:
+            return self._steps_here(ctx, steps, timeout)
         assert ctx.fp is not None
         name = f"{ctx.fp[0]} #{ctx.fp[1]}"
         op = InFlight(name, ctx.key)
@@ -531,6 +539,84 @@ class ProcessGroup:
         self._track(op, fut, timeout)
         stepper.start()
         return Work(fut, name)
+
+    def _steps_here(self, ctx: HereContext, steps: Steps, timeout: float | None) -> Work:
+        """On a blocking caller's thread: run ``steps`` there; what they cannot do there goes on
+        on the loop's thread from where they stand, tracked there as ``run_steps`` tracks."""
+        assert ctx.fp is not None
+        name = f"{ctx.fp[0]} #{ctx.fp[1]}"
+        handoff = drive(ctx, steps)
+        if handoff is None:
+            done: asyncio.Future[Any] = self.loop.create_future()
+            done.set_result(None)
+            return Work(done, name)
+        return self._on_loop(name, lambda: self._steps_taken_over(ctx, steps, handoff, timeout))
+
+    def _steps_taken_over(
+        self, ctx: HereContext, steps: Steps, handoff: Handoff, timeout: float | None
+    ) -> Work:
+        """On the loop's thread: go on with the steps a blocking caller's thread began."""
+        ctx.make_deferred()
+        name = f"{ctx.fp[0]} #{ctx.fp[1]}" if ctx.fp is not None else "collective"
+        op = InFlight(name, ctx.key)
+        fut: asyncio.Future[Any] = self.loop.create_future()
+        op.stepper = stepper = Stepper(steps, functools.partial(self._steps_ended, op))
+        self._track(op, fut, timeout)
+        if handoff.error is not None:
+            stepper.stop()
+            self._steps_ended(op, handoff.error)
+        else:
+            stepper.resume(handoff.waits)
+        return Work(fut, name)
+
+    def _on_loop(self, name: str, start: Callable[[], Work]) -> Work:
+        """From a thread other than the loop's: ``start()`` on the loop's thread; the Work
+        returned at once follows the one ``start`` returns there."""
+        out: asyncio.Future[Any] = self.loop.create_future()
+
+        def begin() -> None:
+            try:
+                work = start()
+            except BaseException as exc:
+                out.set_exception(exc)
+                return
+            inner = _work.take_outcome(work)
+            if inner.done():
+                _work.copy_outcome(out, inner)
+            else:
+                inner.add_done_callback(functools.partial(_work.copy_outcome, out))
+
+        self.loop.call_soon_threadsafe(begin)
+        return Work(out, name)
+
+    def _done_here(self) -> asyncio.Future[None]:
+        """A completed future, given for the sends a caller's thread made (one per group)."""
+        done = self._sent_here
+        if done is None:
+            done = self._sent_here = self.loop.create_future()
+            done.set_result(None)
+        return done
+
+    def runs_here(self) -> bool:
+        """Whether a blocking collective on this group may run on its caller's thread
+        (``collective(here=True)``): aiodist's own algorithms (no engine of torch's), every
+        member on this host reached through shared memory by a transport that serves callers'
+        threads, and no DETAIL check (which runs a task first)."""
+        ok = self._runs_here
+        if ok is None:
+            transport = self.transport
+            shm = transport.shm_local
+            hosts = transport.host_keys
+            ok = self._runs_here = bool(
+                self.size > 1
+                and self.rank >= 0
+                and transport.serves_here
+                and shm is not None
+                and hosts is not None
+                and all(shm[r] for r in self.ranks)
+                and len({hosts[r] for r in self.ranks}) == 1
+            )
+        return ok and self.runs_on.own_ops is None and not detail_on()
 
     def _steps_ended(self, op: InFlight, exc: BaseException | None) -> None:
         fut = op.future
@@ -781,11 +867,13 @@ class ProcessGroup:
         root: int = -1,
         redop: str | None = None,
         allow_broken: bool = False,
+        here: bool = False,
     ) -> OpContext:
         """Take the next sequence number for collective ``name`` and build its context.
 
         ``root`` is a global rank. ``allow_broken``: run even on a broken group (diagnostics
-        such as monitored_barrier, which must still name who is missing).
+        such as monitored_barrier, which must still name who is missing). ``here``: the
+        context of an operation run on a blocking caller's thread (``collective``).
         """
         if not (allow_broken and self.rank >= 0):
             self.check_usable(name)
@@ -797,6 +885,9 @@ class ProcessGroup:
         origin = _origin.current()
         self.origins.note(origin)
         fp = [name, seq, dtype, count, root, redop, origin]
+        if here:
+            state = HereState(_busy_poll.budget(), self._done_here())
+            return HereContext(self.transport, self.ranks, self.rank, key, fp, state)
         return OpContext(self.transport, self.ranks, self.rank, key, fp)
 
     def _launch(
@@ -830,10 +921,14 @@ class ProcessGroup:
         name = f"{ctx.fp[0]} #{ctx.fp[1]}" if ctx.fp else "collective"
         return Work(self.loop.create_task(checked()), name)
 
-    def collective(self, name: str, *args: Any, timeout: float | None = None) -> Work:
+    def collective(self, name: str, *args: Any, timeout: float | None = None, here: bool = False) -> Work:
         """Start the tensor collective ``name`` of the operation table (``aiodist.operations``)
         with the async face's arguments between ``group`` and ``timeout``: check them (with the
-        backend's binding of the call), number the call, start it on the backend."""
+        backend's binding of the call), number the call, start it on the backend.
+
+        ``here``: called from a blocking caller's thread (not the loop's) where ``runs_here``
+        said it may: the operation runs there while its steps complete there
+        (``aiodist.collectives.here``), and on the loop's thread from wherever they stop."""
         check = operation_named(name).check
         self.check_usable(name)
         b = self.runs_on.bind(self, name)
@@ -842,7 +937,7 @@ class ProcessGroup:
             op = c.op
             root = self.ranks[op.root] if op.root >= 0 else -1
             redop = op.reduce_op.name if op.reduce_op is not None else None
-            ctx = self._number(name, dtype=c.dtype, count=c.numel, root=root, redop=redop)
+            ctx = self._number(name, dtype=c.dtype, count=c.numel, root=root, redop=redop, here=here)
         except BaseException:
             b.drop()
             raise
@@ -964,6 +1059,12 @@ class ProcessGroup:
     ) -> Work:
         """Run the algorithm ``coro`` of the numbered collective ``ctx`` (a backend's last step)."""
         assert ctx.fp is not None
+        if type(ctx) is HereContext and not ctx.here.on_loop:  # (from a caller's thread: a
+            # task is the loop's to make, and its sends and receives the loop's to make too)
+            ctx.here.on_loop = True
+            return self._on_loop(
+                ctx.fp[0], lambda: self.track_collective(ctx, coro, timeout, survives_loss=survives_loss)
+            )
         return self.start(f"{ctx.fp[0]} #{ctx.fp[1]}", ctx.key, coro, timeout, survives_loss=survives_loss)
 
     def resync(self, timeout: float | None = None) -> Work:

@@ -35,7 +35,7 @@ from aiodist.errors import DistError, DistTimeoutError
 from aiodist.native import compiled_at_import
 from aiodist.runtime.loop_thread import wait_future
 
-__all__ = ["PythonWork", "Work", "discard", "future_of", "note_start", "take_outcome"]
+__all__ = ["PythonWork", "Work", "copy_outcome", "discard", "future_of", "note_start", "take_outcome"]
 
 log = logging.getLogger("aiodist")
 
@@ -302,6 +302,19 @@ def take_outcome(work: Work) -> asyncio.Future[Any]:
     blocking calls, a Work that follows another): this Work is not reported."""
     work._seen = _TAKEN
     return work._future
+
+
+def copy_outcome(to: asyncio.Future[Any], src: asyncio.Future[Any]) -> None:
+    """Give ``to`` the outcome of ``src`` (done), unless ``to`` is done already: where a future
+    handed out follows one made later (on the loop's thread, for a caller's)."""
+    if to.done():
+        return
+    if src.cancelled():
+        to.cancel()
+    elif (exc := src.exception()) is not None:
+        to.set_exception(exc)
+    else:
+        to.set_result(src.result())
 
 
 def discard(work: Work) -> None:

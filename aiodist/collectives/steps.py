@@ -86,16 +86,22 @@ class Stepper:
         """Take the steps that can be taken now (the rest follow their futures)."""
         self._advance()
 
-    def _advance(self) -> None:
+    def resume(self, waits: tuple[asyncio.Future[Any], ...]) -> None:
+        """Go on from the step whose futures are ``waits``, taken elsewhere (a blocking
+        caller's thread ran the steps up to there: ``aiodist.collectives.here``)."""
+        self._advance(waits)
+
+    def _advance(self, waits: tuple[asyncio.Future[Any], ...] | None = None) -> None:
         while True:
-            try:
-                waits = next(self._steps)
-            except StopIteration:
-                self._end(None)
-                return
-            except BaseException as raised:  # (a step raised: the operation's error)
-                self._end(raised)
-                return
+            if waits is None:
+                try:
+                    waits = next(self._steps)
+                except StopIteration:
+                    self._end(None)
+                    return
+                except BaseException as raised:  # (a step raised: the operation's error)
+                    self._end(raised)
+                    return
             left = 0
             for w in waits:
                 if not w.done():
@@ -110,6 +116,7 @@ class Stepper:
             if left:
                 self._left = left
                 return
+            waits = None
 
     def _arrived(self, fut: asyncio.Future[Any]) -> None:
         # (exception() marks a failure retrieved: one after the end is not logged as lost)

@@ -18,6 +18,7 @@ __all__ = [
     "has_spare_core",
     "host_id",
     "local_ranks",
+    "machine_cores",
     "machine_id",
     "learn",
     "note_ranks_on_machine",
@@ -65,12 +66,19 @@ def note_ranks_on_machine(n: int) -> None:
 def has_core_per_rank() -> bool:
     """Every rank of this host can have a core to itself (so polling takes nobody's core): its
     host's ranks fit its cores, and its machine's ranks (other hosts of it too) the machine's."""
-    return cores() >= local_ranks() and _ranks_on_machine <= (os.cpu_count() or 1)
+    return cores() >= local_ranks() and _ranks_on_machine <= machine_cores()
 
 
 def has_spare_core() -> bool:
     """There is a core beyond one per rank (so a worker thread runs beside every loop)."""
-    return cores() > local_ranks() and _ranks_on_machine < (os.cpu_count() or 1)
+    return cores() > local_ranks() and _ranks_on_machine < machine_cores()
+
+
+@functools.cache
+def machine_cores() -> int:
+    """The machine's cores (read once: ``os.cpu_count`` reads a file each time, and the blocking
+    face asks on every call that may poll)."""
+    return os.cpu_count() or 1
 
 
 @functools.cache

@@ -23,11 +23,13 @@ from aiodist._tensors import NotContiguousError
 from aiodist.backends.staged import on_caller_stream
 from aiodist.errors import DistError
 from aiodist.face.world import resolve_group
+from aiodist.operations import operation_named
 from aiodist.runtime import busy_poll as _busy_poll
+from aiodist.runtime import origin as _origin
 from aiodist.runtime.loop_thread import get_loop_thread, started_loop_thread
 from aiodist.work import Work
 
-__all__ = ["call", "on_loop", "run", "start_p2p"]
+__all__ = ["call", "collective_here", "on_loop", "recv_here", "run", "send_here", "start_p2p"]
 
 T = TypeVar("T")
 
@@ -105,15 +107,52 @@ def _start_into(fn: Callable[[], Work], work: Work) -> None:
     work.name = started.name
     inner = _work.take_outcome(started)  # ``work`` reports its outcome to the caller
     if inner.done():
-        _follow(out, inner)
+        _work.copy_outcome(out, inner)
     else:
-        inner.add_done_callback(functools.partial(_follow, out))
+        inner.add_done_callback(functools.partial(_work.copy_outcome, out))
 
 
 # The operations ``start_p2p`` handed to the loop that it has not started yet (a deque: its
 # appends and removals are atomic under the GIL, from either thread). While there are any, a
 # blocking send or receive may not overtake them on the caller's thread.
 _starting: deque[Work] = deque()
+
+
+def collective_here(name: str, group: Any, args: tuple[Any, ...], timeout: float | None) -> bool:
+    """A blocking collective (the operation table's entry ``name``, with the async face's
+    arguments) run on this thread where it can be (``ProcessGroup.collective`` with ``here``):
+    True once done; False where nothing started and it goes the loop's way. Raises its error.
+
+    ``args`` are the call's tensors (lists of them) first: each must be one the backend uses
+    directly (staged CUDA tensors take the loop's way)."""
+    lt = started_loop_thread()
+    if lt is None or _starting or lt.in_loop_thread() or asyncio._get_running_loop() is not None:
+        return False
+    g = resolve_group(group)
+    if not g.runs_here():
+        return False
+    direct = g.runs_on.direct
+    for a in args[: operation_named(name).tensors]:
+        if not (all(direct(t) for t in a) if isinstance(a, list | tuple) else direct(a)):
+            return False
+    _origin.mark_thread()  # (its origin is the thread's, as on the loop's way)
+    # From here this thread looks at the members' rings: those that send meanwhile need not
+    # wake its loop's thread (the steps take their messages as soon as they post).
+    g.transport.look_here(g.ranks, True)
+    try:
+        work = g.collective(name, *args, timeout=timeout, here=True)
+    except NotContiguousError:
+        return False  # (refused before it was numbered: the loop's way copies it)
+    finally:
+        g.transport.look_here(g.ranks, False)
+    fut = _work.take_outcome(work)
+    try:
+        if not fut.done():
+            lt.wait_future(fut)
+        fut.result()
+    except asyncio.CancelledError:
+        raise DistError("the operation was cancelled") from None
+    return True
 
 
 def send_here(tensor: Any, dst: int, group: Any, tag: int) -> bool:
@@ -146,14 +185,3 @@ def recv_here(tensor: Any, src: int, group: Any, tag: int) -> tuple[bool, Any]:
         return True, g.outcome_here(fut, src, tag)
     # (matched by the loop's thread to a message still arriving: tracked there, as any receive)
     return True, call(lambda: g.follow_recv(fut, src, tag), False)
-
-
-def _follow(out: asyncio.Future[Any], src: asyncio.Future[Any]) -> None:
-    if out.done():
-        return
-    if src.cancelled():
-        out.cancel()
-    elif (exc := src.exception()) is not None:
-        out.set_exception(exc)
-    else:
-        out.set_result(src.result())

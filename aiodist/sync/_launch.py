@@ -28,7 +28,7 @@ from aiodist._tensors import NotContiguousError
 from aiodist.face.world import resolve_group
 from aiodist.operations import operation_named
 from aiodist.sync import _job_backend
-from aiodist.sync._bridge import call
+from aiodist.sync._bridge import call, collective_here
 from aiodist.work import Work
 
 __all__ = ["begin_record", "end_record", "profiling", "run_entry", "run_op"]
@@ -104,6 +104,8 @@ def run_entry(name: str, group: Any, async_op: bool, *args: Any, timeout: float 
     with the async face's arguments between ``group`` and ``timeout``: its leading tensor
     arguments are those a non-contiguous tensor is copied for, and the profiler's record is
     named and shows the input as the entry says (as gloo's)."""
+    if not async_op and not profiling() and collective_here(name, group, args, timeout):
+        return None  # (on this thread: a small collective of a group on this host)
     entry = operation_named(name)
     n = entry.tensors
     rest = args[n:]

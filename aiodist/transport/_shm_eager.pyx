@@ -21,7 +21,7 @@ from collections import deque
 from aiodist.transport.matching import DISCARD
 from aiodist.wire.shm import BIN_DATA, BIN_TAG
 
-__all__ = ["post_mine", "runs_on", "take_eager", "take_mine", "withdraw_mine", "write_eager", "writes"]
+__all__ = ["finish_mine", "post_mine", "runs_on", "take_eager", "take_mine", "withdraw_mine", "write_eager", "writes"]
 
 cdef Py_ssize_t _BIN_SIZE = BIN_DATA.size
 cdef uint8_t _BIN_TAG = BIN_TAG
@@ -198,10 +198,8 @@ def post_mine(Mailbox box, src, tuple key, buf, fp):
     if box._posted.get(table_key) or box._posted_any.get(key):
         return None
     by_src = box._held.get(key)
-    if by_src:
-        q = by_src.get(src)
-        if q is None:
-            return None  # (held from others only: the loop's way keeps it simple)
+    q = by_src.get(src) if by_src else None
+    if q:  # (messages held from other senders only are theirs, not this receive's)
         held = <_Held>q[0]
         if held.nbytes != buf.nbytes or (held.fp is not None and fp is not None and not same_fp(held.fp, fp)):
             return None
@@ -279,3 +277,12 @@ def withdraw_mine(Mailbox box, src, tuple key, fut):
                 del box._posted[table_key]
             return True
     return False
+
+
+def finish_mine(Mailbox box, tuple key):
+    """Mark the collective ``key`` finished here, from the calling thread: True; False (nothing
+    done) where a message is still held for it, which the loop's thread must report late."""
+    if box._held.get(key):
+        return False
+    box.finish(key)  # (nothing held: it calls no Python code)
+    return True

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from aiodist.errors import CollectiveMismatchError, DistError, DistNetworkError, GroupOutOfStepError
@@ -197,6 +198,11 @@ class Transport(ABC):
     # A blocking operation done on its caller's thread, without the hop to the loop's (from a
     # thread other than the loop's; see shm_here): where a transport can, for a small message
     # to or from a peer of this host. These are all that may be called from another thread.
+    @property
+    def serves_here(self) -> bool:
+        """Whether the calls below may do anything here (else they always refuse)."""
+        return False
+
     def send_here(self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None) -> bool:
         """Send from this thread; False (nothing sent) where it must go the loop's way."""
         return False
@@ -208,6 +214,29 @@ class Transport(ABC):
         or matched and still arriving: to be tracked on the loop's thread), or None where it
         must go the loop's way (nothing posted then)."""
         return None
+
+    def post_here(
+        self, src: int, key: Key, buf: memoryview, fp: Fingerprint | None
+    ) -> asyncio.Future[int] | None:
+        """Post a receive from this thread without waiting: its future (done where the message
+        was here already), or None where nothing was posted and it must go the loop's way."""
+        return None
+
+    def wait_here(self, src: int, key: Key, fut: asyncio.Future[int], budget: float) -> bool:
+        """Wait on this thread, ``budget`` s at most, for the receive ``post_here`` gave
+        ``fut`` for: True once it is done; False where it is not (it stays posted: the loop's
+        thread fills it when its message comes)."""
+        return fut.done()
+
+    def look_here(self, peers: Sequence[int], on: bool) -> None:
+        """This thread starts (``on``) or stops looking for ``peers``' messages for a while
+        (a collective's steps): their writers may skip waking the loop's thread meanwhile."""
+        return None  # (a transport without shared memory has no one to tell)
+
+    def finish_here(self, key: Key) -> bool:
+        """``finish_collective`` from this thread where nothing is held for ``key``: True;
+        False (nothing done) where the loop's thread must do it (it reports what is held)."""
+        return False
 
     def cancel_recv(self, fut: asyncio.Future[int]) -> None:
         """Withdraw the receive ``fut`` (its timeout, a cancellation): nothing is written into

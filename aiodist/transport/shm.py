@@ -211,6 +211,9 @@ class _Link:
         self.room_timer: asyncio.TimerHandle | None = None
         self.blocked_at = 0  # how far the reader had freed the ring when a write found no room
         self.recheck_timer: asyncio.TimerHandle | None = None
+        # A caller's thread wrote while the peer polled and asked this loop to look again
+        # (``wake_peer_asked``); it asks no more until this loop rang or began that look.
+        self.recheck_asked = False
         # reading side
         self.busy = False  # a single-copy read is under way (records behind it wait)
         self.reader: asyncio.Task[None] | None = None
@@ -408,11 +411,23 @@ class _Link:
             return
         self.paths.bell(self.peer)
 
+    def wake_peer_asked(self) -> None:
+        """``wake_peer``, asked for by a caller's thread that wrote while the peer polled
+        (``shm_here.send_here``). A doorbell now, or the look again later, covers every record
+        written before it: the thread asks again after the doorbell, or once that look began."""
+        if self.peer_polls():
+            if self.recheck_timer is None:
+                self.recheck_timer = self.paths.loop.call_later(RECHECK, self._recheck)
+            return
+        self.recheck_asked = False
+        self.paths.bell(self.peer)
+
     def _recheck(self) -> None:
         # Our stores are visible by now: a peer that still polls will see them; one that has
         # stopped may have looked just before they landed: ring if it left something unseen
         # (records unread, completions unnoticed). A spurious doorbell would wake it for nothing.
         self.recheck_timer = None
+        self.recheck_asked = False
         if self.peer_polls():
             return
         out, inp = self.out, self.inp
@@ -903,6 +918,9 @@ class ShmPaths:
         self.sent_here = 0
         self.received_here = 0
         self._polling = False
+        # A caller's thread looks at rings for a whole operation (``shm_here.look_here``): it
+        # keeps the flags raised throughout, not each wait on its own.
+        self.looking = False
         self.eager = EAGER if _host.has_core_per_rank() else EAGER_SHARED_CORES
         self.moved = 0  # counts what moved on any link (records, reads, completions, writes)
         self._moved_seen = 0

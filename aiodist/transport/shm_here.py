@@ -27,17 +27,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiodist.native import compiled
-from aiodist.transport.shm_segment import W_BLOCKED, W_POLLING, Doorbell
+from aiodist.transport.shm_segment import W_BLOCKED, W_POLLING, Doorbell, fence
 from aiodist.wire.fingerprint import Fingerprint
 from aiodist.wire.messages import Key
 
 if TYPE_CHECKING:
     from aiodist.transport.shm import ShmPaths
 
-__all__ = ["recv_here", "send_here"]
+__all__ = ["finish_here", "look_here", "post_here", "recv_here", "send_here", "wait_here"]
 
 
 def send_here(paths: ShmPaths, peer: int, key: Key, payload: memoryview, fp: Fingerprint | None) -> bool:
@@ -59,10 +60,15 @@ def send_here(paths: ShmPaths, peer: int, key: Key, payload: memoryview, fp: Fin
     paths.sent_here += 1
     paths.moved += 1
     bell = link.bell_out
-    if link.peer_polls() or bell is None or not Doorbell.ring(bell):
-        # (the loop's thread rings, with its frame fallback and its recheck of a poller that
-        # stops: neither may be done from here)
-        paths.loop.call_soon_threadsafe(link.wake_peer)
+    if link.peer_polls():
+        # (the loop's thread looks again later, for a poller that stops before it sees this:
+        # one look covers every record written before it, so one asked for and not yet taken
+        # is enough)
+        if not link.recheck_asked:
+            link.recheck_asked = True
+            paths.loop.call_soon_threadsafe(link.wake_peer_asked)
+    elif bell is None or not Doorbell.ring(bell):
+        paths.loop.call_soon_threadsafe(link.wake_peer)  # (its frame fallback is the loop's)
     return True
 
 
@@ -74,6 +80,21 @@ def recv_here(
     still pending where the loop's thread matched it to a message that is still arriving (the
     caller has it tracked there, as any receive); None where nothing was posted and the
     receive must go the loop's way."""
+    fut = post_here(paths, peer, key, buf, fp)
+    if fut is None or wait_here(paths, peer, key, fut, budget):
+        return fut
+    native: Any = compiled("aiodist.transport._shm_eager")
+    if native.withdraw_mine(paths.mailbox, peer, key, fut):
+        return None
+    return fut  # (matched meanwhile by the loop's thread to a message arriving another way)
+
+
+def post_here(
+    paths: ShmPaths, peer: int, key: Key, buf: memoryview, fp: Fingerprint | None
+) -> asyncio.Future[int] | None:
+    """Post a receive of ``peer``'s message into ``buf`` from this thread, first in line for
+    ``key``: its future (done at once where the message was held here); None where nothing was
+    posted and the receive must go the loop's way."""
     native = compiled("aiodist.transport._shm_eager")
     link = paths.links.get(peer)
     if (
@@ -85,16 +106,28 @@ def recv_here(
         or paths.closing()
     ):
         return None
-    inp: Any = link.inp  # (the compiled ring: readable() checked it is there)
-    out, box = link.out, paths.mailbox
+    box = paths.mailbox
     fut: asyncio.Future[int] | None = native.post_mine(box, peer, key, buf, fp)
-    if fut is None:
-        return None
-    if fut.done():  # (a held message: a reader paused at the cap may go on)
+    if fut is not None and fut.done():  # (a held message: a reader paused at the cap may go on)
         if box.on_drain is not None:
             paths.loop.call_soon_threadsafe(box.on_drain)
         paths.received_here += 1
-        return fut
+    return fut
+
+
+def wait_here(paths: ShmPaths, peer: int, key: Key, fut: asyncio.Future[int], budget: float) -> bool:
+    """Wait on this thread, ``budget`` s at most, for the receive ``post_here`` gave ``fut``
+    for: take its record from the front of ``peer``'s ring, spinning with the GIL released
+    between looks. True once ``fut`` is done (filled here or by the loop's thread, or failed
+    there); False where it is not: it stays posted, and the loop's thread may fill it."""
+    if fut.done():
+        return True
+    native: Any = compiled("aiodist.transport._shm_eager")
+    link = paths.links.get(peer)
+    if link is None or not link.readable():
+        return fut.done()
+    inp: Any = link.inp  # (the compiled ring: readable() checked it is there)
+    out, box = link.out, paths.mailbox
     until = time.monotonic() + budget
     flagged = False
     second_look = False
@@ -111,13 +144,13 @@ def recv_here(
                 if inp.pending():
                     if second_look:
                         break  # another record is first: the loop's thread takes it (and
-                        # this receive goes the loop's way, behind it)
+                        # this receive waits for it behind it)
                     second_look = True  # (or ours landed just after the look)
                     continue
             left = until - time.monotonic()
             if left <= 0:
                 break
-            if not flagged and out is not None:
+            if not flagged and out is not None and not paths.looking:
                 out.words[W_POLLING] = 1  # (the writer need not ring while this thread looks)
                 flagged = True
             inp.wait_pending(left)
@@ -126,7 +159,35 @@ def recv_here(
             out.words[W_POLLING] = 1 if paths.polling else 0
     if fut.done():
         paths.received_here += 1
-        return fut
-    if native.withdraw_mine(box, peer, key, fut):
-        return None
-    return fut  # (matched meanwhile by the loop's thread to a message arriving another way)
+        return True
+    return False
+
+
+def look_here(paths: ShmPaths, peers: Sequence[int], on: bool) -> None:
+    """This thread is about to look at ``peers``' rings for a while (``on``), or has stopped:
+    their writers need not ring meanwhile (each step's wait would flag it only once it found
+    nothing, too late for a peer that sends at once). When it stops, records it left behind
+    (another operation's) are the loop's thread's to take: it is told, since their writers
+    may have skipped the doorbell."""
+    paths.looking = on
+    flag = 1 if on or paths.polling else 0
+    links = paths.links
+    for p in peers:
+        link = links.get(p)
+        if link is not None and link.out is not None:
+            link.out.words[W_POLLING] = flag
+    if on:
+        return
+    fence()  # (our flag's store before the looks below: a writer sees one or the other)
+    for p in peers:
+        link = links.get(p)
+        if link is not None and link.inp is not None and link.inp.pending():
+            paths.loop.call_soon_threadsafe(paths.poll)
+            return
+
+
+def finish_here(paths: ShmPaths, key: Key) -> bool:
+    """Mark the collective ``key`` finished from this thread: True; False (nothing done) where
+    a message is still held for it, which the loop's thread reports as late."""
+    native: Any = compiled("aiodist.transport._shm_eager")
+    return native is not None and bool(native.finish_mine(paths.mailbox, key))

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 
 from aiodist.errors import DistNetworkError
+from aiodist.native import compiled
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.settings import Settings
 from aiodist.transport import shm_here
@@ -88,6 +90,10 @@ class ShmTcpTransport(TcpTransport):
         return self._shm.sent_here, self._shm.received_here
 
     # -- operations ------------------------------------------------------------------------
+    @property
+    def serves_here(self) -> bool:
+        return compiled("aiodist.transport._shm_eager") is not None and not self._closing
+
     def send_here(self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None) -> bool:
         if (
             dst not in self._peers
@@ -104,6 +110,22 @@ class ShmTcpTransport(TcpTransport):
         if src not in self._peers or self._closing:
             return None
         return shm_here.recv_here(self._shm, src, key, buf, fp, budget)
+
+    def post_here(
+        self, src: int, key: Key, buf: memoryview, fp: Fingerprint | None
+    ) -> asyncio.Future[int] | None:
+        if src not in self._peers or self._closing:
+            return None
+        return shm_here.post_here(self._shm, src, key, buf, fp)
+
+    def wait_here(self, src: int, key: Key, fut: asyncio.Future[int], budget: float) -> bool:
+        return shm_here.wait_here(self._shm, src, key, fut, budget)
+
+    def look_here(self, peers: Sequence[int], on: bool) -> None:
+        shm_here.look_here(self._shm, peers, on)
+
+    def finish_here(self, key: Key) -> bool:
+        return shm_here.finish_here(self._shm, key)
 
     def abandon(self, key: Key) -> None:
         super().abandon(key)
