@@ -31,6 +31,8 @@ from aiodist.bench.report import MiB, Result, aiodist_key, md_table, size_text
 
 __all__ = [
     "ABSOLUTE_TARGETS",
+    "ENGINE_4_RANKS_VS_GLOO",
+    "ENGINE_TARGETS_US",
     "GLOO_TARGETS_64M",
     "LARGE_FROM",
     "LARGE_VS_GLOO",
@@ -40,6 +42,7 @@ __all__ = [
     "MID_FROM",
     "MID_VS_GLOO",
     "NONE_TO_JUDGE",
+    "VS_PYTHON_SLACK",
     "format_targets",
     "load_run",
     "main",
@@ -81,6 +84,18 @@ MANY_RANKS_VS_GLOO = 2.0
 #: every world size, every operation from 64 KiB: at least gloo's algbw.
 MID_FROM = 64 << 10
 MID_VS_GLOO = 1.0
+
+#: The compiled engine's own targets (2 ranks with a core each, one host): µs per call at most, by
+#: face and latency row (ping-pong one way; stream: each message).
+ENGINE_TARGETS_US: dict[str, dict[str, float]] = {
+    "async": {"pingpong": 3.0, "all_reduce": 5.0, "stream": 1.0},
+    "sync": {"pingpong": 2.0, "all_reduce": 4.0},
+}
+#: ... and on 4 ranks, a 4 B all_reduce at most this many times gloo's time.
+ENGINE_4_RANKS_VS_GLOO = 0.2
+#: Nothing slower than the Python engine in the same run: each row's time (latency) or algbw
+#: within this share of the Python engine's (the run's noise), every miss named.
+VS_PYTHON_SLACK = 0.1
 
 #: What is printed where a run has nothing to judge.
 NONE_TO_JUDGE = "none to judge (they compare against gloo: run aiodist-bench with --compare gloo)"
@@ -210,6 +225,7 @@ def targets(jobs: Sequence[dict[str, Any]]) -> list[Result]:
             v = _ratio_verdict(job, mid, "speedup", "gloo", MID_VS_GLOO, "every op >= 64 KiB")
             if v is not None:
                 out.append(v)
+        out.extend(_engine_targets(job, jobs))
         mem = job.get("memory", {})
         me_name = job.get("aiodist", "aiodist")
         if me_name in mem:
@@ -226,6 +242,88 @@ def targets(jobs: Sequence[dict[str, Any]]) -> list[Result]:
                 )
             )
     return out
+
+
+def _compiled(job: dict[str, Any]) -> bool:
+    engine = job.get("engine") or {}
+    return bool(engine) and all(v == "compiled" for v in engine.values())
+
+
+def _engine_targets(job: dict[str, Any], jobs: Sequence[dict[str, Any]]) -> list[Result]:
+    """The compiled engine's targets, on a job of aiodist's default transport that ran it:
+    absolute latencies (2 ranks), the 4-rank all_reduce against gloo, and no row slower than
+    the Python engine's job of the same face and world size (``--aiodist-transports shm,python``)."""
+    if job.get("aiodist", "aiodist") != "aiodist" or not _compiled(job):
+        return []
+    out: list[Result] = []
+    face, n = job["face"], job["nprocs"]
+    latency = {row["op"]: row for row in job.get("latency", [])}
+    for op, limit in ENGINE_TARGETS_US.get(face, {}).items() if n == 2 else ():
+        row = latency.get(op)
+        if row is None or "aiodist" not in row["impls"]:
+            continue
+        us = row["impls"]["aiodist"]["time_us"]
+        figures = f"{us:.1f} us" + (
+            f" (MPI {row['impls']['mpi']['time_us']:.1f} us)" if "mpi" in row["impls"] else ""
+        )
+        out.append(_verdict(job, f"{row['case']}: time <= {limit:g} us", us, us <= limit, figures))
+    row = latency.get("all_reduce")
+    if n == 4 and row is not None and "ratio" in row:
+        figures = f"{row['impls']['aiodist']['time_us']:.1f} vs {row['impls']['gloo']['time_us']:.1f} us"
+        out.append(
+            _verdict(
+                job,
+                f"{row['case']}: time <= {ENGINE_4_RANKS_VS_GLOO} x gloo",
+                row["ratio"],
+                row["ratio"] <= ENGINE_4_RANKS_VS_GLOO,
+                figures,
+            )
+        )
+    py = next(
+        (
+            j
+            for j in jobs
+            if j.get("aiodist") == "aiodist-py"
+            and j["face"] == face
+            and j["nprocs"] == n
+            and "error" not in j
+        ),
+        None,
+    )
+    if py is not None:
+        out.append(_vs_python(job, py))
+    return out
+
+
+def _vs_python(job: dict[str, Any], py: dict[str, Any]) -> Result:
+    """Every latency row and every bandwidth row of ``job`` against the Python engine's ``py``:
+    the worst ratio of the compiled engine's time to the Python engine's, and the misses."""
+    ratios: list[tuple[float, str]] = []  # (compiled time / Python time, the row)
+    for kind, value, inverse in (("latency", "time_us", False), ("rows", "algbw", True)):
+        theirs = {(r["op"], r["size"]): r for r in py.get(kind, [])}
+        for r in job.get(kind, []):
+            other = theirs.get((r["op"], r["size"]))
+            if other is None or "aiodist" not in r["impls"] or "aiodist-py" not in other["impls"]:
+                continue
+            mine, them = r["impls"]["aiodist"][value], other["impls"]["aiodist-py"][value]
+            if not (mine > 0 and them > 0):
+                continue
+            ratio = them / mine if inverse else mine / them
+            ratios.append((ratio, r.get("case") or f"{r['op']} {size_text(r['size'])}"))
+    target = f"every row: time <= {1 + VS_PYTHON_SLACK:g} x the Python engine's"
+    if not ratios:
+        return _verdict(job, target, float("nan"), None, "no rows of both engines in this run")
+    worst = max(ratios)
+    misses = [f"{case} ({ratio:.2f})" for ratio, case in ratios if ratio > 1 + VS_PYTHON_SLACK]
+    v = _verdict(
+        job,
+        target,
+        worst[0],
+        not misses,
+        f"worst {worst[1]}: {worst[0]:.2f}; {len(misses)} of {len(ratios)} rows slower",
+    )
+    v["misses"] = misses
+    return v
 
 
 # -- text and markdown ----------------------------------------------------------------------------

@@ -232,3 +232,46 @@ def test_the_script_on_a_saved_run(tmp_path: Path) -> None:
         [sys.executable, str(TOOL), str(tmp_path / "none.json")], capture_output=True, text=True, timeout=60
     )
     assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def _engine_job(impl: str, nprocs: int = 2, *, pingpong: float, all_reduce: float) -> dict[str, Any]:
+    """A sync-face job of ``impl`` beside gloo: 8 B ping-pong and 4 B all_reduce (µs per call),
+    a 64 MiB all_reduce at 4 GB/s, and the engine its ranks said they ran."""
+    me = {"aiodist": 1.0, "aiodist-py": 1.0}[impl]
+    return {
+        "face": "sync",
+        "nprocs": nprocs,
+        "aiodist": impl,
+        "compare": "gloo",
+        "engine": {"aiodist._work": "compiled" if impl == "aiodist" else "python"},
+        "rows": [_row("all_reduce", BIG, {impl: me * BIG / 4e9, "gloo": BIG / 1e9})],
+        "latency": [
+            _latency("pingpong", 8, {impl: 2 * pingpong * 1e-6, "gloo": 200e-6}),  # (round trips)
+            _latency("all_reduce", 4, {impl: all_reduce * 1e-6, "gloo": 200e-6}),
+        ],
+    }
+
+
+def test_the_compiled_engines_targets() -> None:
+    compiled = _engine_job("aiodist", pingpong=1.5, all_reduce=50.0)
+    python = _engine_job("aiodist-py", pingpong=60.0, all_reduce=40.0)
+    verdicts = _by_target([compiled, python])
+    pp = verdicts["ping-pong 8 B one-way: time <= 2 us"]
+    assert pp["holds"] is True and pp["measured"] == pytest.approx(1.5) and pp["figures"] == "1.5 us"
+    ar = verdicts["all_reduce 4 B: time <= 4 us"]
+    assert ar["holds"] is False and ar["measured"] == pytest.approx(50.0)
+    # Slower than the Python engine on one row (50 against 40 us): named.
+    vs = verdicts["every row: time <= 1.1 x the Python engine's"]
+    assert vs["holds"] is False and vs["measured"] == pytest.approx(1.25)
+    assert vs["figures"] == "worst all_reduce 4 B: 1.25; 1 of 3 rows slower"
+    assert vs["misses"] == ["all_reduce 4 B (1.25)"]
+    # Within the slack everywhere: held.
+    level = _by_target([_engine_job("aiodist", pingpong=1.5, all_reduce=41.0), python])
+    assert level["every row: time <= 1.1 x the Python engine's"]["holds"] is True
+    # Four ranks: the all_reduce against gloo (0.25 x: not held); no absolute targets there.
+    four = _by_target([_engine_job("aiodist", 4, pingpong=1.5, all_reduce=50.0)])
+    assert four["all_reduce 4 B: time <= 0.2 x gloo"]["holds"] is False
+    assert "all_reduce 4 B: time <= 4 us" not in four
+    # The Python engine's own job, or a job that ran it, is not judged by them.
+    ran_python = {**compiled, "engine": {"aiodist._work": "python"}}
+    assert not any(t.endswith(" us") or "Python engine" in t for t in _by_target([ran_python]))
