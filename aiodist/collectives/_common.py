@@ -95,8 +95,9 @@ async def reduce_into(op: ReduceOp, acc: Array, other: Array) -> None:
 def reduce_soon(op: ReduceOp, acc: Array, other: Array) -> asyncio.Future[None] | None:
     """``reduce_into`` for a stepped algorithm (``aiodist.collectives.steps``): done inline
     (None), or the future of the worker thread's reduction, for the next step to wait for."""
-    if select.offload_reduction(acc.nbytes):
-        return asyncio.get_running_loop().run_in_executor(None, reduce_inplace, op, acc, other)
+    # (on a blocking caller's thread, which runs no loop, inline: it holds up no loop there)
+    if select.offload_reduction(acc.nbytes) and (loop := asyncio._get_running_loop()) is not None:
+        return loop.run_in_executor(None, reduce_inplace, op, acc, other)
     reduce_inplace(op, acc, other)
     return None
 
@@ -105,8 +106,8 @@ def finalize_soon(op: ReduceOp, arr: Array, count: int) -> asyncio.Future[None] 
     """``finalize`` for a stepped algorithm, as ``reduce_soon``."""
     if op is not ReduceOp.AVG or count == 1 or not arr.size:
         return None
-    if select.offload_reduction(arr.nbytes):
-        return asyncio.get_running_loop().run_in_executor(None, finalize_inplace, op, arr, count)
+    if select.offload_reduction(arr.nbytes) and (loop := asyncio._get_running_loop()) is not None:
+        return loop.run_in_executor(None, finalize_inplace, op, arr, count)
     finalize_inplace(op, arr, count)
     return None
 

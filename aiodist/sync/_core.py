@@ -28,7 +28,7 @@ from aiodist.ops import ReduceOp, as_reduce_op
 from aiodist.runtime.timeouts import as_seconds
 from aiodist.settings import Settings
 from aiodist.sync import _job_backend, _torch_default
-from aiodist.sync._bridge import call, on_loop, recv_here, run, send_here, start_p2p
+from aiodist.sync._bridge import call, isend_here, on_loop, recv_here, run, send_here, start_p2p
 from aiodist.sync._launch import profiling, run_op
 from aiodist.sync._preamble import ANY, NON_GROUP_MEMBER, not_in_group, resolved, torch_op
 from aiodist.work import Work
@@ -604,6 +604,8 @@ def isend(
     Returns:
         The ``Work``, at once; ``wait()`` before modifying ``tensor``.
     """
+    if not profiling() and (sent := isend_here(tensor, resolved(dst), group, tag)) is not None:
+        return sent  # (on this thread, complete: a small message to a peer of this host)
     start = functools.partial(_p2p.isend, dst=resolved(dst), group=group, tag=tag)
     return _start_nonblocking("send", "send", start, tensor, dst, group, tag)
 

@@ -173,7 +173,7 @@ def look_here(paths: ShmPaths, peers: Sequence[int], on: bool) -> None:
     flag = 1 if on or paths.polling else 0
     links = paths.links
     for p in peers:
-        link = links.get(p)
+        link = links.get(p)  # (None for this rank, and for peers of other hosts)
         if link is not None and link.out is not None:
             link.out.words[W_POLLING] = flag
     if on:

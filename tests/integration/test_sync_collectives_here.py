@@ -131,6 +131,33 @@ def dict_of(rows: list[tuple[str, Any]]) -> dict[str, list[Any]]:
     return out
 
 
+def _offloaded_job(rank: int, size: int) -> list[list[float]]:
+    import aiodist.sync as dist
+    from aiodist.collectives import select
+
+    # Reductions from 4 KiB go to a worker thread, as they do from 512 KiB where the host has
+    # a core to spare: on a caller's thread, which runs no loop, they run inline.
+    select.offload_reduction = lambda nbytes: nbytes >= 4096  # type: ignore[assignment]
+    dist.init_process_group("tcp", timeout=60)
+    got = []
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+        t = np.arange(2048, dtype=np.float32) * (rank + 1)
+        dist.all_reduce(t, op=op)
+        got.append(t[:4].tolist() + t[-2:].tolist())
+    dist.destroy_process_group()
+    return got
+
+
+def test_reductions_a_worker_thread_would_run_give_the_loops_bytes() -> None:
+    outs = {
+        engine: spawn(_offloaded_job, 2, timeout=100, env={"AIODIST_SHM": "1", "AIODIST_NATIVE": mode})
+        for engine, mode in (("compiled", "auto"), ("python", "0"))
+    }
+    assert outs["compiled"] == outs["python"]
+    assert outs["compiled"][0][0] == [0.0, 3.0, 6.0, 9.0, 2046 * 3.0, 2047 * 3.0]
+    assert outs["compiled"][0][1] == [0.0, 1.5, 3.0, 4.5, 2046 * 1.5, 2047 * 1.5]
+
+
 def _mistakes_job(rank: int, size: int) -> dict[str, str]:
     import time
 
