@@ -237,6 +237,13 @@ def _idle_sync() -> None:
     return None
 
 
+def _timed(fn: Call, iters: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return time.perf_counter() - t0
+
+
 class BlockingTorchLike(Runtime):
     """The torch.distributed calling convention: ``aiodist.sync`` or ``torch.distributed`` (gloo)."""
 
@@ -254,6 +261,12 @@ class BlockingTorchLike(Runtime):
 
     def barrier(self) -> Any:
         return self.d.barrier()
+
+    async def run(self, fn: Call, iters: int) -> float:
+        # Timed from a thread that runs no event loop, as a program calls a blocking face (this
+        # worker's own loop runs on its main thread): aiodist's blocking collectives run on
+        # their caller's thread only where no loop runs there.
+        return await asyncio.to_thread(_timed, fn, iters)
 
     def bind(self, op: str, bufs: Buffers, rank: int, n: int) -> Call:
         d = self.d
