@@ -23,6 +23,7 @@ import numpy as np
 from aiodist import work as _work
 from aiodist._tensors import NotContiguousError
 from aiodist.backends.staged import on_caller_stream
+from aiodist.collectives.here import SMALL_BYTES, SMALL_RANKS
 from aiodist.errors import DistError
 from aiodist.face.world import resolve_group
 from aiodist.operations import operation_named
@@ -131,14 +132,21 @@ def collective_here(name: str, group: Any, args: tuple[Any, ...], timeout: float
     if lt is None or _starting or lt.in_loop_thread() or asyncio._get_running_loop() is not None:
         return False
     g = resolve_group(group)
-    if not g.runs_here():
+    if g.size > SMALL_RANKS or not g.runs_here():
         return False
     direct = g.runs_on.direct
+    nbytes = 0
     for a in args[: operation_named(name).tensors]:
         if type(a) is np.ndarray:  # (the common case, in one test: numpy is never staged)
+            nbytes += a.nbytes
             continue
-        if not (all(direct(t) for t in a) if isinstance(a, list | tuple) else direct(a)):
-            return False
+        for t in a if isinstance(a, list | tuple) else (a,):
+            size = getattr(t, "nbytes", None)
+            if type(size) is not int or not direct(t):
+                return False  # (not a tensor: the loop's way says what is wrong with it)
+            nbytes += size
+    if nbytes > SMALL_BYTES:
+        return False
     _origin.mark_thread()  # (its origin is the thread's, as on the loop's way)
     # From here this thread looks at the members' rings, where it may wait for them: those
     # that send meanwhile need not wake its loop's thread (the steps take their messages as
