@@ -141,9 +141,9 @@ def collective_here(name: str, group: Any, args: tuple[Any, ...], timeout: float
             nbytes += a.nbytes
             continue
         for t in a if isinstance(a, list | tuple) else (a,):
-            size = getattr(t, "nbytes", None)
-            if type(size) is not int or not direct(t):
-                return False  # (not a tensor: the loop's way says what is wrong with it)
+            size = _nbytes(t)
+            if size is None or (t is not None and not direct(t)):
+                return False  # (the loop's way says what is wrong with it, or stages it)
             nbytes += size
     if nbytes > SMALL_BYTES:
         return False
@@ -181,6 +181,20 @@ def send_here(tensor: Any, dst: int, group: Any, tag: int) -> bool:
         return resolve_group(group).send_here(tensor, dst, tag)
     except NotContiguousError:
         return False  # (the loop's way sends a contiguous copy)
+
+
+def _nbytes(t: Any) -> int | None:
+    """The bytes of a tensor argument (0: an absent one, such as a gather list off the root), or
+    None where it is no plain tensor (a sparse tensor has no byte count: torch raises)."""
+    if t is None:
+        return 0
+    if type(t) is np.ndarray:
+        return t.nbytes
+    try:
+        size = t.nbytes
+    except Exception:
+        return None
+    return size if type(size) is int else None
 
 
 def isend_here(tensor: Any, dst: int, group: Any, tag: int) -> Work | None:
