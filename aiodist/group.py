@@ -34,6 +34,7 @@ from aiodist.collectives.context import OpContext
 from aiodist.collectives.detail import check_fingerprints
 from aiodist.collectives.here import Handoff, HereContext, HereState, drive
 from aiodist.collectives.steps import Stepper, Steps
+from aiodist.collectives.topology import host_map
 from aiodist.errors import (
     CollectiveMismatchError,
     DistError,
@@ -150,9 +151,8 @@ class ProcessGroup:
         # The tasks that started collectives here, and when differing ones are a mismatch.
         self.origins = _origin.OriginBook(task_check)
         # Whether its blocking collectives may run on their callers' threads (``runs_here``:
-        # facts of the job, worked out once), and the future given for the sends made there.
+        # facts of the job, worked out once).
         self._runs_here: bool | None = None
-        self._sent_here: asyncio.Future[None] | None = None
         if self.rank >= 0:
             transport.attach(gid, self)
 
@@ -524,11 +524,14 @@ class ProcessGroup:
             "disagree about the operation (different roots, or different collectives)"
         )
 
-    def run_steps(self, ctx: OpContext, steps: Steps, timeout: float | None = None) -> Work:
+    def run_steps(
+        self, ctx: OpContext, steps: Steps, timeout: float | None = None, handoff: Handoff | None = None
+    ) -> Work:
         """Run the numbered collective ``ctx`` as ``steps`` (``aiodist.collectives.steps``):
         advanced by its arrivals, with no task; failures, timeouts and the check for late data
         are a task's (``start``). From a blocking caller's thread (a ``HereContext``): run there
-        while they complete there (``aiodist.collectives.here``)."""
+        while they complete there (``aiodist.collectives.here``); ``handoff``: on the loop's
+        thread, go on from where that thread left them."""
         if type(ctx) is HereContext and not ctx.here.on_loop:
             return self._steps_here(ctx, steps, timeout)
         assert ctx.fp is not None
@@ -537,7 +540,13 @@ class ProcessGroup:
         fut: asyncio.Future[Any] = self.loop.create_future()
         op.stepper = stepper = Stepper(steps, functools.partial(self._steps_ended, op))
         self._track(op, fut, timeout)
-        stepper.start()
+        if handoff is None:
+            stepper.start()
+        elif handoff.error is None:
+            stepper.resume(handoff.waits)
+        else:
+            stepper.stop()
+            self._steps_ended(op, handoff.error)
         return Work(fut, name)
 
     def _steps_here(self, ctx: HereContext, steps: Steps, timeout: float | None) -> Work:
@@ -547,27 +556,13 @@ class ProcessGroup:
         name = f"{ctx.fp[0]} #{ctx.fp[1]}"
         handoff = drive(ctx, steps)
         if handoff is None:
-            done: asyncio.Future[Any] = self.loop.create_future()
-            done.set_result(None)
-            return Work(done, name)
-        return self._on_loop(name, lambda: self._steps_taken_over(ctx, steps, handoff, timeout))
+            return Work.completed(self.loop, name)
 
-    def _steps_taken_over(
-        self, ctx: HereContext, steps: Steps, handoff: Handoff, timeout: float | None
-    ) -> Work:
-        """On the loop's thread: go on with the steps a blocking caller's thread began."""
-        ctx.make_deferred()
-        name = f"{ctx.fp[0]} #{ctx.fp[1]}" if ctx.fp is not None else "collective"
-        op = InFlight(name, ctx.key)
-        fut: asyncio.Future[Any] = self.loop.create_future()
-        op.stepper = stepper = Stepper(steps, functools.partial(self._steps_ended, op))
-        self._track(op, fut, timeout)
-        if handoff.error is not None:
-            stepper.stop()
-            self._steps_ended(op, handoff.error)
-        else:
-            stepper.resume(handoff.waits)
-        return Work(fut, name)
+        def take_over() -> Work:  # (on the loop's thread)
+            ctx.make_deferred()
+            return self.run_steps(ctx, steps, timeout, handoff)
+
+        return self._on_loop(name, take_over)
 
     def _on_loop(self, name: str, start: Callable[[], Work]) -> Work:
         """From a thread other than the loop's: ``start()`` on the loop's thread; the Work
@@ -580,41 +575,29 @@ class ProcessGroup:
             except BaseException as exc:
                 out.set_exception(exc)
                 return
-            inner = _work.take_outcome(work)
-            if inner.done():
-                _work.copy_outcome(out, inner)
-            else:
-                inner.add_done_callback(functools.partial(_work.copy_outcome, out))
+            _work.follow(out, _work.take_outcome(work))
 
         self.loop.call_soon_threadsafe(begin)
         return Work(out, name)
 
-    def _done_here(self) -> asyncio.Future[None]:
-        """A completed future, given for the sends a caller's thread made (one per group)."""
-        done = self._sent_here
-        if done is None:
-            done = self._sent_here = self.loop.create_future()
-            done.set_result(None)
-        return done
-
     def runs_here(self) -> bool:
         """Whether a blocking collective on this group may run on its caller's thread
-        (``collective(here=True)``): aiodist's own algorithms (no engine of torch's), every
+        (``collective(here=...)``): aiodist's own algorithms (no engine of torch's), every
         member on this host reached through shared memory by a transport that serves callers'
         threads, and no DETAIL check (which runs a task first)."""
         ok = self._runs_here
         if ok is None:
             transport = self.transport
             shm = transport.shm_local
-            hosts = transport.host_keys
+            hosts = host_map(transport.host_keys, self.ranks)
             ok = self._runs_here = bool(
                 self.size > 1
                 and self.rank >= 0
                 and transport.serves_here
-                and shm is not None
                 and hosts is not None
+                and hosts.one_host
+                and shm is not None
                 and all(shm[r] for r in self.ranks)
-                and len({hosts[r] for r in self.ranks}) == 1
             )
         return ok and self.runs_on.own_ops is None and not detail_on()
 
@@ -816,7 +799,7 @@ class ProcessGroup:
         assert peer is not None
         arr = _tensors.as_array(tensor, arg="tensor", writable=False)
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
-        return self.transport.send_here(peer, (self.gid, P2P, tag), byte_view(arr), fp)
+        return self.transport.send_here(peer, (self.gid, P2P, tag), byte_view(arr), fp) is not None
 
     def recv_here(self, tensor: Any, src: int | None, tag: int, budget: float) -> asyncio.Future[int] | None:
         """A blocking receive done on the calling thread, waiting ``budget`` s at most for its
@@ -867,13 +850,14 @@ class ProcessGroup:
         root: int = -1,
         redop: str | None = None,
         allow_broken: bool = False,
-        here: bool = False,
+        here: float | None = None,
     ) -> OpContext:
         """Take the next sequence number for collective ``name`` and build its context.
 
         ``root`` is a global rank. ``allow_broken``: run even on a broken group (diagnostics
         such as monitored_barrier, which must still name who is missing). ``here``: the
-        context of an operation run on a blocking caller's thread (``collective``).
+        context of an operation run on a blocking caller's thread, which waits ``here`` s at
+        most for each step there (``collective``).
         """
         if not (allow_broken and self.rank >= 0):
             self.check_usable(name)
@@ -885,9 +869,8 @@ class ProcessGroup:
         origin = _origin.current()
         self.origins.note(origin)
         fp = [name, seq, dtype, count, root, redop, origin]
-        if here:
-            state = HereState(_busy_poll.budget(), self._done_here())
-            return HereContext(self.transport, self.ranks, self.rank, key, fp, state)
+        if here is not None:
+            return HereContext(self.transport, self.ranks, self.rank, key, fp, HereState(here))
         return OpContext(self.transport, self.ranks, self.rank, key, fp)
 
     def _launch(
@@ -921,14 +904,17 @@ class ProcessGroup:
         name = f"{ctx.fp[0]} #{ctx.fp[1]}" if ctx.fp else "collective"
         return Work(self.loop.create_task(checked()), name)
 
-    def collective(self, name: str, *args: Any, timeout: float | None = None, here: bool = False) -> Work:
+    def collective(
+        self, name: str, *args: Any, timeout: float | None = None, here: float | None = None
+    ) -> Work:
         """Start the tensor collective ``name`` of the operation table (``aiodist.operations``)
         with the async face's arguments between ``group`` and ``timeout``: check them (with the
         backend's binding of the call), number the call, start it on the backend.
 
         ``here``: called from a blocking caller's thread (not the loop's) where ``runs_here``
-        said it may: the operation runs there while its steps complete there
-        (``aiodist.collectives.here``), and on the loop's thread from wherever they stop."""
+        said it may, with that thread's poll budget: the operation runs there while its steps
+        complete there, each waiting ``here`` s at most (``aiodist.collectives.here``), and on
+        the loop's thread from wherever they stop."""
         check = operation_named(name).check
         self.check_usable(name)
         b = self.runs_on.bind(self, name)

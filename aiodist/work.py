@@ -35,7 +35,16 @@ from aiodist.errors import DistError, DistTimeoutError
 from aiodist.native import compiled_at_import
 from aiodist.runtime.loop_thread import wait_future
 
-__all__ = ["PythonWork", "Work", "copy_outcome", "discard", "future_of", "note_start", "take_outcome"]
+__all__ = [
+    "PythonWork",
+    "Work",
+    "copy_outcome",
+    "discard",
+    "follow",
+    "future_of",
+    "note_start",
+    "take_outcome",
+]
 
 log = logging.getLogger("aiodist")
 
@@ -305,8 +314,7 @@ def take_outcome(work: Work) -> asyncio.Future[Any]:
 
 
 def copy_outcome(to: asyncio.Future[Any], src: asyncio.Future[Any]) -> None:
-    """Give ``to`` the outcome of ``src`` (done), unless ``to`` is done already: where a future
-    handed out follows one made later (on the loop's thread, for a caller's)."""
+    """Give ``to`` the outcome of ``src`` (done), unless ``to`` is done already."""
     if to.done():
         return
     if src.cancelled():
@@ -315,6 +323,16 @@ def copy_outcome(to: asyncio.Future[Any], src: asyncio.Future[Any]) -> None:
         to.set_exception(exc)
     else:
         to.set_result(src.result())
+
+
+def follow(to: asyncio.Future[Any], src: asyncio.Future[Any]) -> None:
+    """``to`` takes ``src``'s outcome, now or when it has one: where a future handed out
+    follows one made later (on the loop's thread, for a caller's; a send made before its peer
+    was connected)."""
+    if src.done():
+        copy_outcome(to, src)
+    else:
+        src.add_done_callback(functools.partial(copy_outcome, to))
 
 
 def discard(work: Work) -> None:

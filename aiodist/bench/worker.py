@@ -128,6 +128,13 @@ def iterations(nbytes: int, cfg: JobConfig) -> tuple[int, int]:
 Call = Callable[[], Any]
 
 
+def _timed(fn: Call, iters: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return time.perf_counter() - t0
+
+
 class Runtime:
     """One implementation: binds an operation on a set of buffers to a zero-argument call."""
 
@@ -147,10 +154,7 @@ class Runtime:
             for _ in range(iters):
                 await fn()
             return time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        return time.perf_counter() - t0
+        return _timed(fn, iters)
 
     async def sync(self) -> None:
         r = self.barrier()
@@ -235,13 +239,6 @@ async def _idle() -> None:
 
 def _idle_sync() -> None:
     return None
-
-
-def _timed(fn: Call, iters: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return time.perf_counter() - t0
 
 
 class BlockingTorchLike(Runtime):

@@ -64,10 +64,9 @@ class OpContext:
         The sub-operation keeps the operation's key and fingerprint: its messages are told from
         the other phases' by their order, which each pair of ranks keeps.
         """
-        return OpContext(
-            self.transport,
-            tuple(self.ranks[m] for m in members),
-            list(members).index(self.rank),
-            self.key,
-            self.fp,
-        )
+        return self.among(tuple(self.ranks[m] for m in members), list(members).index(self.rank))
+
+    def among(self, ranks: Sequence[int], rank: int) -> OpContext:
+        """This operation's context among global ``ranks``, this process being ``rank`` of them
+        (``sub``; a subclass keeps what it adds)."""
+        return OpContext(self.transport, ranks, rank, self.key, self.fp)

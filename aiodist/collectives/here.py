@@ -24,14 +24,13 @@ operation as any other: its timeout, a lost member, the failure notices.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Sequence
 from typing import Any
 
 from aiodist.collectives.context import OpContext
 from aiodist.collectives.steps import Steps
 from aiodist.transport.base import Fingerprint, Key, Transport
-from aiodist.work import copy_outcome
+from aiodist.work import follow
 
 __all__ = ["SMALL_BYTES", "SMALL_RANKS", "Handoff", "HereContext", "HereState", "drive"]
 
@@ -50,11 +49,10 @@ Deferred = tuple[bool, int, memoryview, "asyncio.Future[Any]"]
 class HereState:
     """What the contexts of one operation run on a caller's thread share (its phases' too)."""
 
-    __slots__ = ("budget", "deferred", "done", "on_loop", "posted")
+    __slots__ = ("budget", "deferred", "on_loop", "posted")
 
-    def __init__(self, budget: float, done: asyncio.Future[None]) -> None:
+    def __init__(self, budget: float) -> None:
         self.budget = budget  # seconds a step may wait here for a receive
-        self.done = done  # a completed future, for the sends made here
         self.on_loop = False  # handed over: every call from now on is the loop's own
         # The calls this thread could not make, for the loop's thread to make first, in order
         # (None: none yet; from the first one on, every call is deferred, to keep the order).
@@ -83,8 +81,11 @@ class HereContext(OpContext):
         here, dst = self.here, self.ranks[peer]
         if here.on_loop:
             return self.transport.send(dst, self.key, buf, self.fp)
-        if here.deferred is None and self.transport.send_here(dst, self.key, buf, self.fp):
-            return here.done
+        if (
+            here.deferred is None
+            and (sent := self.transport.send_here(dst, self.key, buf, self.fp)) is not None
+        ):
+            return sent
         return self._defer(True, dst, buf)
 
     def recv(self, peer: int, buf: memoryview) -> asyncio.Future[int]:
@@ -107,15 +108,8 @@ class HereContext(OpContext):
         here.deferred.append((send, rank, buf, fut))
         return fut
 
-    def sub(self, members: Sequence[int]) -> OpContext:
-        return HereContext(
-            self.transport,
-            tuple(self.ranks[m] for m in members),
-            list(members).index(self.rank),
-            self.key,
-            self.fp,
-            self.here,
-        )
+    def among(self, ranks: Sequence[int], rank: int) -> OpContext:
+        return HereContext(self.transport, ranks, rank, self.key, self.fp, self.here)
 
     def make_deferred(self) -> None:
         """On the loop's thread, taking over: from now on every call is the loop's own, and the
@@ -132,10 +126,7 @@ class HereContext(OpContext):
             except Exception as exc:  # (a lost peer: the step's failure, as where a step raises;
                 given.set_exception(exc)  # the calls after it are not made, as they would not be)
                 break
-            if made.done():
-                copy_outcome(given, made)
-            else:
-                made.add_done_callback(functools.partial(copy_outcome, given))
+            follow(given, made)
         here.deferred = None
 
 

@@ -29,7 +29,7 @@ from aiodist.face.world import resolve_group
 from aiodist.operations import operation_named
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.runtime import origin as _origin
-from aiodist.runtime.loop_thread import get_loop_thread, started_loop_thread
+from aiodist.runtime.loop_thread import LoopThread, get_loop_thread, started_loop_thread
 from aiodist.work import Work
 
 __all__ = ["call", "collective_here", "isend_here", "on_loop", "recv_here", "run", "send_here", "start_p2p"]
@@ -108,17 +108,21 @@ def _start_into(fn: Callable[[], Work], work: Work) -> None:
     finally:
         _starting.remove(work)
     work.name = started.name
-    inner = _work.take_outcome(started)  # ``work`` reports its outcome to the caller
-    if inner.done():
-        _work.copy_outcome(out, inner)
-    else:
-        inner.add_done_callback(functools.partial(_work.copy_outcome, out))
+    _work.follow(out, _work.take_outcome(started))  # ``work`` reports its outcome to the caller
 
 
 # The operations ``start_p2p`` handed to the loop that it has not started yet (a deque: its
 # appends and removals are atomic under the GIL, from either thread). While there are any, a
 # blocking send or receive may not overtake them on the caller's thread.
 _starting: deque[Work] = deque()
+
+
+def _here_thread() -> LoopThread | None:
+    """The runtime's loop thread where this thread may run an operation itself: it is not that
+    thread, and has handed it no operation that it has not started (which this one must not
+    overtake); None otherwise."""
+    lt = started_loop_thread()
+    return None if lt is None or _starting or lt.in_loop_thread() else lt
 
 
 def collective_here(name: str, group: Any, args: tuple[Any, ...], timeout: float | None) -> bool:
@@ -128,8 +132,8 @@ def collective_here(name: str, group: Any, args: tuple[Any, ...], timeout: float
 
     ``args`` are the call's tensors (lists of them) first: each must be one the backend uses
     directly (staged CUDA tensors take the loop's way)."""
-    lt = started_loop_thread()
-    if lt is None or _starting or lt.in_loop_thread() or asyncio._get_running_loop() is not None:
+    lt = _here_thread()
+    if lt is None or asyncio._get_running_loop() is not None:
         return False
     g = resolve_group(group)
     if g.size > SMALL_RANKS or not g.runs_here():
@@ -137,12 +141,9 @@ def collective_here(name: str, group: Any, args: tuple[Any, ...], timeout: float
     direct = g.runs_on.direct
     nbytes = 0
     for a in args[: operation_named(name).tensors]:
-        if type(a) is np.ndarray:  # (the common case, in one test: numpy is never staged)
-            nbytes += a.nbytes
-            continue
         for t in a if isinstance(a, list | tuple) else (a,):
             size = _nbytes(t)
-            if size is None or (t is not None and not direct(t)):
+            if size is None or not (t is None or type(t) is np.ndarray or direct(t)):
                 return False  # (the loop's way says what is wrong with it, or stages it)
             nbytes += size
     if nbytes > SMALL_BYTES:
@@ -151,21 +152,18 @@ def collective_here(name: str, group: Any, args: tuple[Any, ...], timeout: float
     # From here this thread looks at the members' rings, where it may wait for them: those
     # that send meanwhile need not wake its loop's thread (the steps take their messages as
     # soon as they post). With no poll budget it will not wait here, so it does not say so.
-    looks = _busy_poll.budget() > 0
-    if looks:
+    budget = _busy_poll.budget()
+    if budget > 0:
         g.transport.look_here(g.ranks, True)
     try:
-        work = g.collective(name, *args, timeout=timeout, here=True)
+        work = g.collective(name, *args, timeout=timeout, here=budget)
     except NotContiguousError:
         return False  # (refused before it was numbered: the loop's way copies it)
     finally:
-        if looks:
+        if budget > 0:
             g.transport.look_here(g.ranks, False)
-    fut = _work.take_outcome(work)
     try:
-        if not fut.done():
-            lt.wait_future(fut)
-        fut.result()
+        lt.wait_future(_work.take_outcome(work))
     except asyncio.CancelledError:
         raise DistError("the operation was cancelled") from None
     return True
@@ -174,8 +172,7 @@ def collective_here(name: str, group: Any, args: tuple[Any, ...], timeout: float
 def send_here(tensor: Any, dst: int, group: Any, tag: int) -> bool:
     """A blocking ``send`` done on this thread where it can be (``ProcessGroup.send_here``);
     False: it goes the loop's way."""
-    lt = started_loop_thread()
-    if lt is None or _starting or lt.in_loop_thread():
+    if _here_thread() is None:
         return False
     try:
         return resolve_group(group).send_here(tensor, dst, tag)
@@ -203,17 +200,14 @@ def isend_here(tensor: Any, dst: int, group: Any, tag: int) -> Work | None:
     loop's way."""
     if not send_here(tensor, dst, group, tag):
         return None
-    done = get_loop_thread().loop.create_future()
-    done.set_result(None)
-    return Work(done, f"send to rank {dst} (tag {tag})")
+    return Work.completed(get_loop_thread().loop, f"send to rank {dst} (tag {tag})")
 
 
 def recv_here(tensor: Any, src: int, group: Any, tag: int) -> tuple[bool, Any]:
     """A blocking ``recv`` done on this thread where it can be (``ProcessGroup.recv_here``),
     spinning for the poll budget at most: ``(True, sender)``, or ``(False, None)``: it goes the
     loop's way. Raises the receive's error."""
-    lt = started_loop_thread()
-    if lt is None or _starting or lt.in_loop_thread():
+    if _here_thread() is None:
         return False, None
     g = resolve_group(group)
     try:

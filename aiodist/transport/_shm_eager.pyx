@@ -246,7 +246,7 @@ def take_mine(Ring ring, shapes, Mailbox box, src, tuple key, fut):
     if recv.future is not fut or <Py_ssize_t>plen != recv.nbytes:
         return -1
     fp = _fp_of(table, bin.sid, bin.seq)
-    if recv.fp is not None and fp is not None and recv.fp != fp:
+    if recv.fp is not None and fp is not None and not same_fp(recv.fp, fp):
         return -1
     q.popleft()
     del box._posted[table_key]

@@ -203,9 +203,12 @@ class Transport(ABC):
         """Whether the calls below may do anything here (else they always refuse)."""
         return False
 
-    def send_here(self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None) -> bool:
-        """Send from this thread; False (nothing sent) where it must go the loop's way."""
-        return False
+    def send_here(
+        self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None
+    ) -> asyncio.Future[None] | None:
+        """Send from this thread: the send's future, complete (the message is written); None
+        where nothing was sent and it must go the loop's way."""
+        return None
 
     def recv_here(
         self, src: int, key: Key, buf: memoryview, fp: Fingerprint | None, budget: float

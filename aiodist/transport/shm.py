@@ -403,24 +403,22 @@ class _Link:
         inp = self.inp
         return SKIP_BELLS and inp is not None and bool(inp.words[W_POLLING])
 
-    def wake_peer(self) -> None:
-        """The peer has something to look at (records, room, completions): ring unless it polls."""
+    def wake_peer(self) -> bool:
+        """The peer has something to look at (records, room, completions): ring unless it polls
+        (then look again shortly, ``_recheck``). True where it rang."""
         if self.peer_polls():
             if self.recheck_timer is None:
                 self.recheck_timer = self.paths.loop.call_later(RECHECK, self._recheck)
-            return
+            return False
         self.paths.bell(self.peer)
+        return True
 
     def wake_peer_asked(self) -> None:
         """``wake_peer``, asked for by a caller's thread that wrote while the peer polled
         (``shm_here.send_here``). A doorbell now, or the look again later, covers every record
         written before it: the thread asks again after the doorbell, or once that look began."""
-        if self.peer_polls():
-            if self.recheck_timer is None:
-                self.recheck_timer = self.paths.loop.call_later(RECHECK, self._recheck)
-            return
-        self.recheck_asked = False
-        self.paths.bell(self.peer)
+        if self.wake_peer():
+            self.recheck_asked = False
 
     def _recheck(self) -> None:
         # Our stores are visible by now: a peer that still polls will see them; one that has

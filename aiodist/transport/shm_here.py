@@ -41,9 +41,11 @@ if TYPE_CHECKING:
 __all__ = ["finish_here", "look_here", "post_here", "recv_here", "send_here", "wait_here"]
 
 
-def send_here(paths: ShmPaths, peer: int, key: Key, payload: memoryview, fp: Fingerprint | None) -> bool:
-    """Write the message into ``peer``'s ring from this thread; False (nothing written) where
-    it must go the loop's way."""
+def send_here(
+    paths: ShmPaths, peer: int, key: Key, payload: memoryview, fp: Fingerprint | None
+) -> asyncio.Future[None] | None:
+    """Write the message into ``peer``'s ring from this thread: the transport's completed
+    future; None (nothing written) where it must go the loop's way."""
     link = paths.link_to(peer)
     if (
         link is None
@@ -52,10 +54,10 @@ def send_here(paths: ShmPaths, peer: int, key: Key, payload: memoryview, fp: Fin
         or link.writing
         or payload.nbytes > paths.eager
     ):
-        return False
+        return None
     out = link.out
     if out is None or link.write_eager(out, link.shapes_out, key, fp, payload) != 1:
-        return False
+        return None
     paths.bytes_sent += payload.nbytes
     paths.sent_here += 1
     paths.moved += 1
@@ -69,7 +71,7 @@ def send_here(paths: ShmPaths, peer: int, key: Key, payload: memoryview, fp: Fin
             paths.loop.call_soon_threadsafe(link.wake_peer_asked)
     elif bell is None or not Doorbell.ring(bell):
         paths.loop.call_soon_threadsafe(link.wake_peer)  # (its frame fallback is the loop's)
-    return True
+    return paths.done
 
 
 def recv_here(

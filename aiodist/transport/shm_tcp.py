@@ -94,14 +94,16 @@ class ShmTcpTransport(TcpTransport):
     def serves_here(self) -> bool:
         return compiled("aiodist.transport._shm_eager") is not None and not self._closing
 
-    def send_here(self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None) -> bool:
+    def send_here(
+        self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None
+    ) -> asyncio.Future[None] | None:
         if (
             dst not in self._peers
             or dst in self.dead_peers
             or self._closing
             or self.mailbox.was_abandoned(key)
         ):
-            return False
+            return None
         return shm_here.send_here(self._shm, dst, key, payload, fp)
 
     def recv_here(

@@ -87,6 +87,7 @@ from aiodist.wire.messages import (
 )
 from aiodist.wire.messages import decode as decode_message
 from aiodist.wire.messages import encode as encode_message
+from aiodist.work import copy_outcome
 
 __all__ = ["TcpTransport"]
 
@@ -169,17 +170,6 @@ class _Out:
         self.key = key  # (data messages: withdrawn with their operation)
         self.future = future
         self.withdrawn = False
-
-
-def _copy_outcome(src: asyncio.Future[None], dst: asyncio.Future[None]) -> None:
-    if dst.done():
-        return
-    if src.cancelled():
-        dst.cancel()
-    elif src.exception() is not None:
-        dst.set_exception(cast(BaseException, src.exception()))
-    else:
-        dst.set_result(None)
 
 
 def _settle(fut: asyncio.Future[None] | None) -> None:
@@ -861,13 +851,13 @@ class TcpTransport(Transport):
     def _relay(self, inner: asyncio.Future[None], outer: asyncio.Future[None]) -> None:
         """``outer`` (a send made before its peer was connected) ends as ``inner`` does."""
         if inner.done():
-            _copy_outcome(inner, outer)
+            copy_outcome(outer, inner)
             return
         self._relayed[outer] = inner
 
         def done(f: asyncio.Future[None]) -> None:
             self._relayed.pop(outer, None)
-            _copy_outcome(f, outer)
+            copy_outcome(outer, f)
 
         inner.add_done_callback(done)
 

@@ -25,6 +25,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 ROUNDS = 12
 
 
+def _both_engines(job: Any, size: int, *, timeout: float) -> dict[str, list[Any]]:
+    """``job``'s results on ``size`` ranks with the compiled engine and with the Python one."""
+    return {
+        engine: spawn(job, size, timeout=timeout, env={"AIODIST_SHM": "1", "AIODIST_NATIVE": mode})
+        for engine, mode in (("compiled", "auto"), ("python", "0"))
+    }
+
+
 def _here_sent() -> int:
     from aiodist.face import world as _world
 
@@ -102,10 +110,7 @@ def _collectives_job(rank: int, size: int) -> dict[str, Any]:
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_every_small_collective_gives_the_loops_bytes(size: int) -> None:
-    outs = {
-        engine: spawn(_collectives_job, size, timeout=200, env={"AIODIST_SHM": "1", "AIODIST_NATIVE": mode})
-        for engine, mode in (("compiled", "auto"), ("python", "0"))
-    }
+    outs = _both_engines(_collectives_job, size, timeout=200)
     for rank in range(size):
         assert outs["compiled"][rank]["got"] == outs["python"][rank]["got"], rank
     # ... and the right bytes (the Python engine's path is the one the rest of the suite checks).
@@ -149,10 +154,7 @@ def _offloaded_job(rank: int, size: int) -> list[list[float]]:
 
 
 def test_reductions_a_worker_thread_would_run_give_the_loops_bytes() -> None:
-    outs = {
-        engine: spawn(_offloaded_job, 2, timeout=100, env={"AIODIST_SHM": "1", "AIODIST_NATIVE": mode})
-        for engine, mode in (("compiled", "auto"), ("python", "0"))
-    }
+    outs = _both_engines(_offloaded_job, 2, timeout=100)
     assert outs["compiled"] == outs["python"]
     assert outs["compiled"][0][0] == [0.0, 3.0, 6.0, 9.0, 2046 * 3.0, 2047 * 3.0]
     assert outs["compiled"][0][1] == [0.0, 1.5, 3.0, 4.5, 2046 * 1.5, 2047 * 1.5]
@@ -246,10 +248,7 @@ def _mistakes_job(rank: int, size: int) -> dict[str, str]:
 
 
 def test_mistakes_raise_as_the_loops_way_does() -> None:
-    outs = {
-        engine: spawn(_mistakes_job, 2, timeout=200, env={"AIODIST_SHM": "1", "AIODIST_NATIVE": mode})
-        for engine, mode in (("compiled", "auto"), ("python", "0"))
-    }
+    outs = _both_engines(_mistakes_job, 2, timeout=200)
     assert outs["compiled"] == outs["python"]
     r0, r1 = outs["compiled"]
     assert r0["disagree"] == r1["disagree"] == "CollectiveMismatchError"
