@@ -343,6 +343,10 @@ cdef class Mailbox:
         """The operation ``key`` failed or timed out here; its messages are discarded."""
         return key in self._abandoned
 
+    def failure(self, tuple key):
+        """What a peer reported about the operation ``key`` (``fail_key``), if it did."""
+        return self._failed_keys.get(key)
+
     def fail_key(self, tuple key, exc):
         """Fail every receive posted for ``key`` now and later (the peer reported a mismatch)."""
         cdef PendingRecv recv

@@ -124,3 +124,49 @@ def test_sync_face_delivers_after_the_sender_left(tmp_path: Path, how: str, shm:
 def test_torch_backend_broadcast_reaches_ranks_after_the_root_left(tmp_path: Path, how: str) -> None:
     pytest.importorskip("torch")
     _check(tmp_path, SYNC, [how, "torch"], "1")
+
+
+async def _abandoned_then_left(rank: int, size: int) -> str:
+    """Ranks 0 and 2 disagree about reduce_scatter_tensor #0 (4 against 8 floats each), which
+    sends each member its part directly; rank 2 abandons it, tells the others, and leaves.
+    Rank 1 starts it only after rank 2 has left, so its first step sends to a rank gone."""
+    import asyncio
+
+    import numpy as np
+
+    import aiodist as dist
+
+    await dist.init_process_group("tcp", timeout=30)
+    n = 8 if rank == 2 else 4
+    out, inp = np.zeros(n, np.float32), np.ones(3 * n, np.float32)
+    if rank == 1:
+        try:
+            await dist.recv(np.zeros(1, np.float32), 2, tag=7)  # returns once rank 2 has left
+        except dist.DistNetworkError as exc:
+            assert "has left the job" in str(exc), exc
+    try:
+        await dist.reduce_scatter_tensor(out, inp)
+        outcome = "completed"
+    except dist.DistError as exc:
+        outcome = f"{type(exc).__name__}: {exc}"
+    if rank == 2:
+        await dist.destroy_process_group()
+        return outcome
+    buf = np.full(4, float(rank), np.float32)  # the group still carries 0 <-> 1 messages
+    await (dist.send(buf, 1) if rank == 0 else dist.recv(buf, 0))
+    await asyncio.sleep(0)
+    await dist.destroy_process_group()
+    return f"{outcome} | {buf.tolist()}"
+
+
+@pytest.mark.parametrize("shm", ["1", "0"], ids=["shm", "tcp"])
+def test_a_rank_starting_what_a_leaver_abandoned_raises_its_notice(shm: str) -> None:
+    """The notice of the member that abandoned the operation, not "rank 2 has left the job":
+    the group stays usable between the members still there."""
+    from aiodist.testing import spawn
+
+    out = spawn(_abandoned_then_left, 3, env={"AIODIST_SHM": shm}, timeout=60)
+    assert out[2].startswith("CollectiveMismatchError"), out
+    for r in (0, 1):
+        assert out[r].startswith("CollectiveMismatchError"), out
+        assert out[r].endswith("| [0.0, 0.0, 0.0, 0.0]"), out
