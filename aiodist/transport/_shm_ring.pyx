@@ -39,18 +39,63 @@ cdef extern from *:
         __builtin_ia32_pause();
     #endif
     }
+    #define AIODIST_W_SLEEPING 112
+    #define AIODIST_W_WAKE 113
+    #ifdef __linux__
+    #include <linux/futex.h>
+    #include <sys/syscall.h>
+    #include <unistd.h>
+    #include <time.h>
+    #define AIODIST_HAVE_FUTEX 1
+    /* The low half of a 64-bit header word (little-endian: at its own address). The segment is
+       a shared mapping, so the waits and wakes are the process-shared kind (no FUTEX_PRIVATE). */
+    static inline uint32_t *aiodist_futex_word(unsigned long long *w) { return (uint32_t *)w; }
+    static inline void aiodist_futex_wait(unsigned long long *w, uint32_t seen, double seconds) {
+        struct timespec t;
+        t.tv_sec = (time_t)seconds;
+        t.tv_nsec = (long)((seconds - (double)t.tv_sec) * 1e9);
+        syscall(SYS_futex, aiodist_futex_word(w), FUTEX_WAIT, seen, &t, NULL, 0);
+    }
+    static inline void aiodist_futex_wake(unsigned long long *w) {
+        __atomic_add_fetch(aiodist_futex_word(w), 1, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, aiodist_futex_word(w), FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+    }
+    #else
+    #define AIODIST_HAVE_FUTEX 0
+    static inline uint32_t *aiodist_futex_word(unsigned long long *w) { return (uint32_t *)w; }
+    static inline void aiodist_futex_wait(unsigned long long *w, uint32_t seen, double seconds) {}
+    static inline void aiodist_futex_wake(unsigned long long *w) {}
+    #endif
+    static inline void aiodist_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+    static inline unsigned long long aiodist_count(unsigned long long *p, long long by) {
+        return __atomic_add_fetch(p, (unsigned long long)by, __ATOMIC_SEQ_CST);
+    }
+    static inline uint32_t aiodist_load32(uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     """
     const int PREFIX_SIZE "AIODIST_PREFIX_SIZE"
     const int ALIGN "AIODIST_ALIGN"
     const uint32_t WRAP "AIODIST_WRAP"
     const int W_HEAD "AIODIST_W_HEAD"
     const int W_TAIL "AIODIST_W_TAIL"
+    const int W_SLEEPING "AIODIST_W_SLEEPING"
+    const int W_WAKE "AIODIST_W_WAKE"
+    const bint HAVE_FUTEX "AIODIST_HAVE_FUTEX"
+    uint32_t *aiodist_futex_word(unsigned long long *w) nogil
+    void aiodist_futex_wait(unsigned long long *w, uint32_t seen, double seconds) nogil
+    void aiodist_futex_wake(unsigned long long *w) nogil
+    void aiodist_fence() nogil
+    unsigned long long aiodist_count(unsigned long long *p, long long by) nogil
+    uint32_t aiodist_load32(uint32_t *p) nogil
     unsigned long long aiodist_load(const unsigned long long *p) nogil
     void aiodist_store(unsigned long long *p, unsigned long long v) nogil
     void aiodist_relax() nogil
 
 # (checked against the Python modules' values by the tests)
-LAYOUT = {"PREFIX_SIZE": PREFIX_SIZE, "ALIGN": ALIGN, "WRAP": WRAP, "W_HEAD": W_HEAD, "W_TAIL": W_TAIL}
+LAYOUT = {
+    "PREFIX_SIZE": PREFIX_SIZE, "ALIGN": ALIGN, "WRAP": WRAP, "W_HEAD": W_HEAD, "W_TAIL": W_TAIL,
+    "W_SLEEPING": W_SLEEPING, "W_WAKE": W_WAKE,
+}
+
 
 
 cdef class Ring:
@@ -199,6 +244,45 @@ cdef class Ring:
                     break
                 aiodist_relax()
         return seen
+
+    @property
+    def can_sleep(self):
+        """Whether ``sleep_pending`` sleeps until woken (Linux futexes; elsewhere it returns)."""
+        return HAVE_FUTEX
+
+    def sleep_pending(self, Ring mine, double seconds):
+        """Sleep, with the GIL released, until a record is here (or the reader moved), the
+        writer wakes this thread, or ``seconds`` have passed; whether a record or a move was
+        seen. ``mine`` is the ring this process writes to the same peer: the sleepers' count
+        and the wake word are in its header, where the peer looks after it writes
+        (``wake_sleepers``). Spurious returns are possible: the caller looks again."""
+        cdef unsigned long long tail = self.tail
+        cdef unsigned long long *head = &self._w[W_HEAD]
+        cdef unsigned long long *freed = &self._w[W_TAIL]
+        cdef unsigned long long *count = &mine._w[W_SLEEPING]
+        cdef unsigned long long *word = &mine._w[W_WAKE]
+        cdef uint32_t seen
+        cdef bint moved
+        with nogil:
+            seen = aiodist_load32(aiodist_futex_word(word))
+            aiodist_count(count, 1)  # (a full barrier: the looks below come after it)
+            moved = aiodist_load(head) != tail or aiodist_load(freed) != tail
+            if not moved:
+                aiodist_futex_wait(word, seen, seconds)
+                moved = aiodist_load(head) != tail or aiodist_load(freed) != tail
+            aiodist_count(count, -1)
+        return moved
+
+    def wake_sleepers(self):
+        """Wake the threads that sleep on this ring's header, if any (``sleep_pending``, where
+        it is their ``mine``): the peer's after this process wrote them a record, this
+        process's own after its loop's thread read one for them. Whether there were any."""
+        cdef unsigned long long *count = &self._w[W_SLEEPING]
+        aiodist_fence()  # (what was written before, before the look at the count)
+        if aiodist_load(count) == 0:
+            return False
+        aiodist_futex_wake(&self._w[W_WAKE])
+        return True
 
 
 cdef inline void _prefix(unsigned char *at, uint32_t rlen, uint32_t hlen, uint64_t plen) noexcept:

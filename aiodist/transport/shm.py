@@ -407,6 +407,9 @@ class _Link:
         """The peer has something to look at (records, room, completions): ring unless it polls
         (then look again shortly, ``_recheck``). True where it rang."""
         if self.peer_polls():
+            inp = self.inp
+            if inp is not None:
+                inp.wake_sleepers()  # (a caller's thread of the peer asleep on our records)
             if self.recheck_timer is None:
                 self.recheck_timer = self.paths.loop.call_later(RECHECK, self._recheck)
             return False
@@ -488,6 +491,8 @@ class _Link:
             self.draining = False
         if freed:
             self.paths.moved += 1
+            if self.out is not None:
+                self.out.wake_sleepers()  # (a caller's thread here whose record this took)
             if inp.words[W_BLOCKED]:
                 self.wake_peer()
 

@@ -38,7 +38,16 @@ from aiodist.wire.messages import Key
 if TYPE_CHECKING:
     from aiodist.transport.shm import ShmPaths
 
-__all__ = ["finish_here", "look_here", "post_here", "recv_here", "send_here", "wait_here"]
+__all__ = ["NAP", "SLEEP", "finish_here", "look_here", "post_here", "recv_here", "send_here", "wait_here"]
+
+#: After its poll budget, a receive on a caller's thread sleeps up to SLEEP s more for its
+#: record (Linux: a futex in the segment's header, which the writer wakes after writing), in
+#: naps of NAP s at most, looking between them at what the loop's thread did (a failure, a
+#: message that came another way). Then it goes the loop's way, as it did at once before: one
+#: wake-up (about 16 µs on this project's 2-vCPU guest) instead of two, the doorbell's and the
+#: caller's. A writer that cannot wake it (the Python engine) leaves it to its nap's end.
+SLEEP = 0.02
+NAP = 0.002
 
 
 def send_here(
@@ -63,6 +72,8 @@ def send_here(
     paths.moved += 1
     bell = link.bell_out
     if link.peer_polls():
+        if link.inp is not None:
+            link.inp.wake_sleepers()  # (a caller's thread of the peer asleep on this record)
         # (the loop's thread looks again later, for a poller that stops before it sees this:
         # one look covers every record written before it, so one asked for and not yet taken
         # is enough)
@@ -118,10 +129,11 @@ def post_here(
 
 
 def wait_here(paths: ShmPaths, peer: int, key: Key, fut: asyncio.Future[int], budget: float) -> bool:
-    """Wait on this thread, ``budget`` s at most, for the receive ``post_here`` gave ``fut``
-    for: take its record from the front of ``peer``'s ring, spinning with the GIL released
-    between looks. True once ``fut`` is done (filled here or by the loop's thread, or failed
-    there); False where it is not: it stays posted, and the loop's thread may fill it."""
+    """Wait on this thread for the receive ``post_here`` gave ``fut`` for: take its record from
+    the front of ``peer``'s ring, spinning with the GIL released between looks for ``budget``
+    s, then sleeping for ``SLEEP`` s more until the writer wakes it (``Ring.sleep_pending``).
+    True once ``fut`` is done (filled here or by the loop's thread, or failed there); False
+    where it is not: it stays posted, and the loop's thread may fill it."""
     if fut.done():
         return True
     native: Any = compiled("aiodist.transport._shm_eager")
@@ -130,7 +142,9 @@ def wait_here(paths: ShmPaths, peer: int, key: Key, fut: asyncio.Future[int], bu
         return fut.done()
     inp: Any = link.inp  # (the compiled ring: readable() checked it is there)
     out, box = link.out, paths.mailbox
-    until = time.monotonic() + budget
+    now = time.monotonic()
+    until = now + budget
+    wake_by = until + SLEEP if out is not None and inp.can_sleep else until
     flagged = False
     second_look = False
     try:
@@ -149,13 +163,16 @@ def wait_here(paths: ShmPaths, peer: int, key: Key, fut: asyncio.Future[int], bu
                         # this receive waits for it behind it)
                     second_look = True  # (or ours landed just after the look)
                     continue
-            left = until - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if now >= wake_by:
                 break
             if not flagged and out is not None and not paths.looking:
                 out.words[W_POLLING] = 1  # (the writer need not ring while this thread looks)
                 flagged = True
-            inp.wait_pending(left)
+            if now < until:
+                inp.wait_pending(until - now)
+            else:  # (the flag raised, the writer wakes this thread instead of ringing)
+                inp.sleep_pending(out, min(NAP, wake_by - now))
     finally:
         if flagged and out is not None:
             out.words[W_POLLING] = 1 if paths.polling else 0

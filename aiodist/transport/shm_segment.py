@@ -83,6 +83,8 @@ W_ACKED = 48
 W_POLLING = 64
 W_BLOCKED = 80
 W_SEEN = 96
+W_SLEEPING = 112  # caller threads of the writer's process asleep on its peer's records
+W_WAKE = 113  # their futex word (its low half), which a wake counts up
 W_WITHDRAWN = 128  # DESC_SLOTS words
 W_VERDICT = 192  # DESC_SLOTS words
 DESC_SLOTS = 32
@@ -341,6 +343,7 @@ class Rings(Protocol):
     def peek(self) -> tuple[memoryview, memoryview, int] | None: ...
     def advance(self, rlen: int) -> None: ...
     def pending(self) -> bool: ...
+    def wake_sleepers(self) -> bool: ...
 
 
 def ring_type() -> Callable[[Segment], Rings]:
@@ -443,6 +446,14 @@ class Ring:
 
     def pending(self) -> bool:
         return int(self.words[W_HEAD]) != self.tail
+
+    # -- sleepers (the compiled twin's: Python has no futex) -----------------------------
+    can_sleep = False
+
+    def wake_sleepers(self) -> bool:
+        """Caller threads asleep on this ring's header (the compiled ``sleep_pending``, in a
+        peer of the other engine) are not woken from Python: they look again after a nap."""
+        return False
 
 
 # -- single-copy reads (cross-memory attach) ---------------------------------------------------

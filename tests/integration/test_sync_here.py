@@ -22,6 +22,7 @@ from aiodist.testing import spawn
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 ROUNDS = 300
+SLOW_ROUNDS = 20
 
 
 def _here_counts() -> tuple[int, int]:
@@ -108,6 +109,19 @@ def _traffic_job(rank: int, size: int) -> dict[str, Any]:
         any_src = np.zeros(1, np.int16)
         if dist.recv(any_src) != peer or any_src[0] != 42:
             out["wrong"].append(("any source", any_src.tolist()))
+    # A sender that computes past the receiver's poll budget: the receive sleeps on its own
+    # thread until the writer wakes it (where the engine can), rather than going the loop's way.
+    received_before = _here_counts()[1]
+    for i in range(SLOW_ROUNDS):
+        if rank == 0:
+            time.sleep(0.003)
+            dist.send(np.full(1, i, np.float64), peer, tag=8)
+        else:
+            one = np.zeros(1, np.float64)
+            dist.recv(one, peer, tag=8)
+            if one[0] != i:
+                out["wrong"].append(("slow sender", i, float(one[0])))
+    out["slow here"] = _here_counts()[1] - received_before
     out["here"] = _here_counts()
     out["engine"] = native.describe()
     dist.barrier()
@@ -135,6 +149,9 @@ def test_every_message_arrives_in_order_either_way(engine: str) -> None:
         # The non-blocking sends of the burst went the caller's way too (most: one that finds
         # the loop's thread writing goes its way, and those after it until it has started).
         assert res[0]["burst here"] >= 30, res[0]["burst here"]
+        # The receives that waited for the slow sender, 3 ms each, past the poll budget: most
+        # were woken on their own thread (one of the loop's thread's own looks may take a few).
+        assert res[1]["slow here"] >= SLOW_ROUNDS // 2, res[1]["slow here"]
 
 
 def _mistake_job(rank: int, size: int) -> dict[str, str]:

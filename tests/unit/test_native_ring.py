@@ -11,6 +11,8 @@ between two processes) must interoperate.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -70,6 +72,8 @@ def test_the_layout_is_the_python_ring_s(compiled: ModuleType) -> None:
         "WRAP": wire_shm.WRAP,
         "W_HEAD": shm_segment.W_HEAD,
         "W_TAIL": shm_segment.W_TAIL,
+        "W_SLEEPING": shm_segment.W_SLEEPING,
+        "W_WAKE": shm_segment.W_WAKE,
     } == compiled.LAYOUT
 
 
@@ -194,3 +198,55 @@ def test_a_part_that_is_not_built_falls_back_or_raises_as_asked(monkeypatch: pyt
     monkeypatch.setattr(native, "_choice", "on")
     with pytest.raises(DistError, match=r"AIODIST_NATIVE=1, but aiodist\.transport\._no_such_part cannot be"):
         native.compiled(missing)
+
+
+class _Link:
+    """Both directions between two processes' rings, as a link holds them: the sleeper reads
+    ``inp`` and keeps its count in ``mine``; the writer writes ``out`` and sees ``mine`` as
+    ``seen`` (a second mapping of the same segment)."""
+
+    def __init__(self, compiled: ModuleType) -> None:
+        self.a, self.b = Segment.create("unittest", capacity=4096), Segment.create("unittest", capacity=4096)
+        self.a2, self.b2 = Segment.attach(self.a.name), Segment.attach(self.b.name)
+        self.out, self.inp = compiled.Ring(self.a), compiled.Ring(self.a2)
+        self.mine, self.seen = compiled.Ring(self.b), compiled.Ring(self.b2)
+
+    def close(self) -> None:
+        del self.out, self.inp, self.mine, self.seen
+        for seg in (self.a2, self.b2, self.a, self.b):
+            seg.close()
+
+
+def test_a_sleeping_reader_is_woken_by_the_writer(compiled: ModuleType) -> None:
+    """The futex path of a caller's thread (``shm_here.wait_here``): it sleeps until the writer
+    wakes it, not until its time is up, and leaves no sleeper counted behind."""
+    link = _Link(compiled)
+    try:
+        if not link.inp.can_sleep:
+            pytest.skip("no futex here: sleep_pending returns at once")
+        assert not link.seen.wake_sleepers()  # (nobody asleep: nothing to wake)
+        result: dict[str, Any] = {}
+
+        def sleep() -> None:
+            t = time.monotonic()
+            result["moved"] = link.inp.sleep_pending(link.mine, 30.0)
+            result["slept"] = time.monotonic() - t
+
+        sleeper = threading.Thread(target=sleep)
+        sleeper.start()
+        deadline = time.monotonic() + 10
+        while not link.seen.words[shm_segment.W_SLEEPING] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert link.out.try_write(b"header", memoryview(b"payload"))
+        assert link.seen.wake_sleepers()
+        sleeper.join(20)
+        assert result["moved"] and result["slept"] < 10, result  # (woken: 30 s was its limit)
+        assert link.mine.words[shm_segment.W_SLEEPING] == 0
+        # A record already there: no sleep at all; none and no wake: back when its time is up.
+        assert link.inp.sleep_pending(link.mine, 30.0)
+        link.inp.advance(link.inp.peek()[2])
+        t = time.monotonic()
+        assert not link.inp.sleep_pending(link.mine, 0.05)
+        assert time.monotonic() - t >= 0.04
+    finally:
+        link.close()
