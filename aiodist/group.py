@@ -807,11 +807,14 @@ class ProcessGroup:
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
         return self.transport.send_here(peer, (self.gid, P2P, tag), byte_view(arr), fp) is not None
 
-    def recv_here(self, tensor: Any, src: int | None, tag: int, budget: float) -> asyncio.Future[int] | None:
-        """A blocking receive done on the calling thread, waiting ``budget`` s at most for its
-        message: its future (done; or matched and still arriving, which ``follow_recv`` then
-        tracks on the loop); None where nothing was posted and it must go the loop's way
-        (``recv``). Raises what ``recv`` raises for bad arguments."""
+    def recv_here(
+        self, tensor: Any, src: int | None, tag: int, budget: float | None
+    ) -> asyncio.Future[int] | None:
+        """A receive done on the calling thread, waiting for its message as the transport's
+        ``recv_here`` does (``budget`` None: a non-blocking one, only where it has come): its
+        future (done; or matched and still arriving, which ``follow_recv`` then tracks on the
+        loop); None where nothing was posted and it must go the loop's way (``recv``). Raises
+        what ``recv`` raises for bad arguments."""
         runs_on = self.runs_on
         if src is None or runs_on.own_ops is not None or not runs_on.direct(tensor):
             return None
@@ -830,6 +833,15 @@ class ProcessGroup:
             raise DistNetworkError(
                 f"{self._recv_name(src, tag)} on rank {self.global_rank} failed: {exc}"
             ) from exc
+
+    def received_here(self, fut: asyncio.Future[int], src: int, tag: int) -> Work:
+        """The Work of a non-blocking receive that ``recv_here`` completed on the calling thread:
+        done, with its sender or its error as ``outcome_here`` gives them."""
+        name = self._recv_name(src, tag)
+        try:
+            return Work.completed(self.loop, name, self.outcome_here(fut, src, tag))
+        except Exception as exc:  # (raised by its wait, as the loop's way raises it)
+            return Work.failed(self.loop, name, exc)
 
     def follow_recv(self, fut: asyncio.Future[int], src: int, tag: int, timeout: float | None = None) -> Work:
         """Track, on the loop, a receive ``recv_here`` posted that is still arriving: its

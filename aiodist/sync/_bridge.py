@@ -32,7 +32,17 @@ from aiodist.runtime import origin as _origin
 from aiodist.runtime.loop_thread import LoopThread, get_loop_thread, started_loop_thread
 from aiodist.work import Work
 
-__all__ = ["call", "collective_here", "isend_here", "on_loop", "recv_here", "run", "send_here", "start_p2p"]
+__all__ = [
+    "call",
+    "collective_here",
+    "irecv_here",
+    "isend_here",
+    "on_loop",
+    "recv_here",
+    "run",
+    "send_here",
+    "start_p2p",
+]
 
 T = TypeVar("T")
 
@@ -201,6 +211,24 @@ def isend_here(tensor: Any, dst: int, group: Any, tag: int) -> Work | None:
     if not send_here(tensor, dst, group, tag):
         return None
     return Work.completed(get_loop_thread().loop, f"send to rank {dst} (tag {tag})")
+
+
+def irecv_here(tensor: Any, src: int, group: Any, tag: int) -> Work | None:
+    """A non-blocking ``irecv`` whose message has come, taken on this thread as ``recv_here``
+    takes it but without waiting: its Work, done (a stream of small messages need not hop to
+    the loop's thread for each); None: it goes the loop's way (nothing was posted)."""
+    if _here_thread() is None:
+        return None
+    g = resolve_group(group)
+    try:
+        fut = g.recv_here(tensor, src, tag, None)
+    except NotContiguousError:
+        return None
+    if fut is None:
+        return None
+    if fut.done():
+        return g.received_here(fut, src, tag)
+    return call(lambda: g.follow_recv(fut, src, tag), False)  # type: ignore[no-any-return]
 
 
 def recv_here(tensor: Any, src: int, group: Any, tag: int) -> tuple[bool, Any]:

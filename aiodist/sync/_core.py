@@ -28,7 +28,7 @@ from aiodist.ops import ReduceOp, as_reduce_op
 from aiodist.runtime.timeouts import as_seconds
 from aiodist.settings import Settings
 from aiodist.sync import _job_backend, _torch_default
-from aiodist.sync._bridge import call, isend_here, on_loop, recv_here, run, send_here, start_p2p
+from aiodist.sync._bridge import call, irecv_here, isend_here, on_loop, recv_here, run, send_here, start_p2p
 from aiodist.sync._launch import profiling, run_op
 from aiodist.sync._preamble import ANY, NON_GROUP_MEMBER, not_in_group, resolved, torch_op
 from aiodist.work import Work
@@ -625,6 +625,8 @@ def irecv(
     Returns:
         The ``Work``, at once; once done, its ``source_rank()`` is the sender's global rank.
     """
+    if src is not None and not profiling() and (got := irecv_here(tensor, src, group, tag)) is not None:
+        return got  # (on this thread, done: a small message from a peer of this host, come already)
     start = functools.partial(_p2p.irecv, src=src, group=group, tag=tag)
     name = "recvAnySource" if src is None else "recv"  # gloo's record names
     return _start_nonblocking(name, "recv", start, tensor, src, group, tag)

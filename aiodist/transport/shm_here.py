@@ -86,15 +86,16 @@ def send_here(
 
 
 def recv_here(
-    paths: ShmPaths, peer: int, key: Key, buf: memoryview, fp: Fingerprint | None, budget: float
+    paths: ShmPaths, peer: int, key: Key, buf: memoryview, fp: Fingerprint | None, budget: float | None
 ) -> asyncio.Future[int] | None:
-    """Receive ``peer``'s message into ``buf`` on this thread: the receive's future, done (its
-    result the sender, or its error: a mismatch the loop's thread found, ``peer`` lost), or
-    still pending where the loop's thread matched it to a message that is still arriving (the
-    caller has it tracked there, as any receive); None where nothing was posted and the
-    receive must go the loop's way."""
+    """Receive ``peer``'s message into ``buf`` on this thread, waiting for it as ``wait_here``
+    does (``budget`` None: only where it has come, without waiting: a non-blocking ``irecv``):
+    the receive's future, done (its result the sender, or its error: a mismatch the loop's
+    thread found, ``peer`` lost), or still pending where the loop's thread matched it to a
+    message that is still arriving (the caller has it tracked there, as any receive); None
+    where nothing was posted and the receive must go the loop's way."""
     fut = post_here(paths, peer, key, buf, fp)
-    if fut is None or wait_here(paths, peer, key, fut, budget):
+    if fut is None or wait_here(paths, peer, key, fut, budget or 0.0, sleep=budget is not None):
         return fut
     native: Any = compiled("aiodist.transport._shm_eager")
     if native.withdraw_mine(paths.mailbox, peer, key, fut):
@@ -128,10 +129,13 @@ def post_here(
     return fut
 
 
-def wait_here(paths: ShmPaths, peer: int, key: Key, fut: asyncio.Future[int], budget: float) -> bool:
+def wait_here(
+    paths: ShmPaths, peer: int, key: Key, fut: asyncio.Future[int], budget: float, *, sleep: bool = True
+) -> bool:
     """Wait on this thread for the receive ``post_here`` gave ``fut`` for: take its record from
     the front of ``peer``'s ring, spinning with the GIL released between looks for ``budget``
-    s, then sleeping for ``SLEEP`` s more until the writer wakes it (``Ring.sleep_pending``).
+    s, then (``sleep``) sleeping for ``SLEEP`` s more until the writer wakes it
+    (``Ring.sleep_pending``).
     True once ``fut`` is done (filled here or by the loop's thread, or failed there); False
     where it is not: it stays posted, and the loop's thread may fill it."""
     if fut.done():
@@ -144,7 +148,7 @@ def wait_here(paths: ShmPaths, peer: int, key: Key, fut: asyncio.Future[int], bu
     out, box = link.out, paths.mailbox
     now = time.monotonic()
     until = now + budget
-    wake_by = until + SLEEP if out is not None and inp.can_sleep else until
+    wake_by = until + SLEEP if sleep and out is not None and inp.can_sleep else until
     flagged = False
     second_look = False
     try:

@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 ROUNDS = 300
 SLOW_ROUNDS = 20
+IRECV_ROUNDS = 20
 
 
 def _here_counts() -> tuple[int, int]:
@@ -122,6 +123,29 @@ def _traffic_job(rank: int, size: int) -> dict[str, Any]:
             if one[0] != i:
                 out["wrong"].append(("slow sender", i, float(one[0])))
     out["slow here"] = _here_counts()[1] - received_before
+    # Non-blocking receives: of messages that have come (taken on this thread, done at once),
+    # then of messages still to come (the loop's way), which must not overtake them.
+    if rank == 0:
+        for i in range(IRECV_ROUNDS):
+            dist.send(np.full(1, i, np.float32), peer, tag=9)
+        dist.barrier()
+        dist.barrier()
+        for i in range(IRECV_ROUNDS, 2 * IRECV_ROUNDS):
+            dist.send(np.full(1, i, np.float32), peer, tag=9)
+    else:
+        dist.barrier()  # (every message of the first half has been written)
+        received_before = _here_counts()[1]
+        bufs = [np.zeros(1, np.float32) for _ in range(2 * IRECV_ROUNDS)]
+        works = [dist.irecv(b, peer, tag=9) for b in bufs[:IRECV_ROUNDS]]
+        out["irecv done at once"] = sum(w.is_completed() for w in works)
+        out["irecv here"] = _here_counts()[1] - received_before
+        works += [dist.irecv(b, peer, tag=9) for b in bufs[IRECV_ROUNDS:]]
+        dist.barrier()
+        for w in works:
+            w.wait()
+        senders = [w.source_rank() for w in works]
+        if [float(b[0]) for b in bufs] != list(range(2 * IRECV_ROUNDS)) or set(senders) != {peer}:
+            out["wrong"].append(("irecv", [float(b[0]) for b in bufs], senders))
     out["here"] = _here_counts()
     out["engine"] = native.describe()
     dist.barrier()
@@ -152,6 +176,8 @@ def test_every_message_arrives_in_order_either_way(engine: str) -> None:
         # The receives that waited for the slow sender, 3 ms each, past the poll budget: most
         # were woken on their own thread (one of the loop's thread's own looks may take a few).
         assert res[1]["slow here"] >= SLOW_ROUNDS // 2, res[1]["slow here"]
+        # The non-blocking receives of messages that had come were all done on this thread.
+        assert res[1]["irecv done at once"] == res[1]["irecv here"] == IRECV_ROUNDS, res[1]
 
 
 def _mistake_job(rank: int, size: int) -> dict[str, str]:
