@@ -11,6 +11,7 @@ Python engine, did not).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -174,8 +175,10 @@ def test_every_message_arrives_in_order_either_way(engine: str) -> None:
         # the loop's thread writing goes its way, and those after it until it has started).
         assert res[0]["burst here"] >= 30, res[0]["burst here"]
         # The receives that waited for the slow sender, 3 ms each, past the poll budget: most
-        # were woken on their own thread (one of the loop's thread's own looks may take a few).
-        assert res[1]["slow here"] >= SLOW_ROUNDS // 2, res[1]["slow here"]
+        # were woken on their own thread (one of the loop's thread's own looks may take a few),
+        # where a thread can sleep on the segment (Linux futexes).
+        if sys.platform.startswith("linux"):
+            assert res[1]["slow here"] >= SLOW_ROUNDS // 2, res[1]["slow here"]
         # The non-blocking receives of messages that had come were all done on this thread.
         assert res[1]["irecv done at once"] == res[1]["irecv here"] == IRECV_ROUNDS, res[1]
 
