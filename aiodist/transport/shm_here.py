@@ -178,8 +178,15 @@ def wait_here(
             else:  # (the flag raised, the writer wakes this thread instead of ringing)
                 inp.sleep_pending(out, min(NAP, wake_by - now))
     finally:
-        if flagged and out is not None:
-            out.words[W_POLLING] = 1 if paths.polling else 0
+        if flagged and out is not None and not paths.polling:
+            out.words[W_POLLING] = 0
+            # A record that came meanwhile and that this thread did not take (another
+            # operation's, or its own just as it gave up) is the loop's thread's to take: its
+            # writer skipped the doorbell, and the writer's look again may have come while
+            # the flag was still up (a sleeper that the cores keep waiting past it).
+            fence()
+            if inp.pending():
+                paths.loop.call_soon_threadsafe(paths.poll)
     if fut.done():
         paths.received_here += 1
         return True
