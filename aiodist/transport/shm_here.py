@@ -9,9 +9,10 @@ and sleeps until the loop wakes it, two thread switches that cost more than the 
   this link is queued or being written by the loop's thread, and rings the peer's doorbell;
 * a receive posts itself first in line for its key (``post_mine``), then takes its message
   from the front of the ring (``take_mine``), spinning with the GIL released for the poll
-  budget (``Ring.wait_pending``) while it waits, its "polling" flag raised so that the writer
+  budget (``Ring.wait_pending``) while it waits, then sleeping until the writer wakes it
+  (``Ring.sleep_pending``, up to ``SLEEP``), its "polling" flag raised so that the writer
   need not ring. The loop's thread may fill it meanwhile (a wake-up it got anyway); if neither
-  has within the budget, the receive is taken back (``withdraw_mine``) and the operation goes
+  has by then, the receive is taken back (``withdraw_mine``) and the operation goes
   the loop's way, from the start, with its timeout and everything else; one that the loop's
   thread matched meanwhile to a message still arriving is handed to the loop's thread to be
   tracked there (its timeout, a lost peer) as any receive.
@@ -135,9 +136,9 @@ def wait_here(
     """Wait on this thread for the receive ``post_here`` gave ``fut`` for: take its record from
     the front of ``peer``'s ring, spinning with the GIL released between looks for ``budget``
     s, then (``sleep``) sleeping for ``SLEEP`` s more until the writer wakes it
-    (``Ring.sleep_pending``).
-    True once ``fut`` is done (filled here or by the loop's thread, or failed there); False
-    where it is not: it stays posted, and the loop's thread may fill it."""
+    (``Ring.sleep_pending``). True once ``fut`` is done (filled here or by the loop's thread,
+    or failed there); False where it is not: it stays posted, and the loop's thread may fill
+    it."""
     if fut.done():
         return True
     native: Any = compiled("aiodist.transport._shm_eager")
