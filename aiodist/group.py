@@ -498,12 +498,6 @@ class ProcessGroup:
 
     def _raised(self, op: InFlight, exc: BaseException) -> BaseException:
         """``op``'s algorithm raised ``exc``: abandon the operation; return what its Work raises."""
-        if isinstance(exc, DistNetworkError) and exc is not op.error:
-            # A member that abandoned this operation and then left: its notice came first and
-            # says why (say, a mismatch); that the member has gone since is its consequence.
-            told = self.transport.mailbox.failure(op.key)
-            if told is not None:
-                exc = op.error = told
         self._abandon(op, exc)
         if not isinstance(exc, DistNetworkError):
             return exc

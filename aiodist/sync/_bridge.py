@@ -26,6 +26,7 @@ from aiodist.backends.staged import on_caller_stream
 from aiodist.collectives.here import SMALL_BYTES, SMALL_RANKS
 from aiodist.errors import DistError
 from aiodist.face.world import resolve_group
+from aiodist.group import ProcessGroup
 from aiodist.operations import operation_named
 from aiodist.runtime import busy_poll as _busy_poll
 from aiodist.runtime import origin as _origin
@@ -213,38 +214,43 @@ def isend_here(tensor: Any, dst: int, group: Any, tag: int) -> Work | None:
     return Work.completed(get_loop_thread().loop, f"send to rank {dst} (tag {tag})")
 
 
-def irecv_here(tensor: Any, src: int, group: Any, tag: int) -> Work | None:
-    """A non-blocking ``irecv`` whose message has come, taken on this thread as ``recv_here``
-    takes it but without waiting: its Work, done (a stream of small messages need not hop to
-    the loop's thread for each); None: it goes the loop's way (nothing was posted)."""
+def _received_here(
+    tensor: Any, src: int, group: Any, tag: int, budget: float | None
+) -> tuple[ProcessGroup, asyncio.Future[int]] | None:
+    """A receive done on this thread where it can be (``ProcessGroup.recv_here``): its group
+    and future (done; or matched by the loop's thread to a message still arriving, for
+    ``follow_recv`` to track there); None: nothing was posted, it goes the loop's way."""
     if _here_thread() is None:
         return None
     g = resolve_group(group)
     try:
-        fut = g.recv_here(tensor, src, tag, None)
+        fut = g.recv_here(tensor, src, tag, budget)
     except NotContiguousError:
         return None
-    if fut is None:
+    return None if fut is None else (g, fut)
+
+
+def irecv_here(tensor: Any, src: int, group: Any, tag: int) -> Work | None:
+    """A non-blocking ``irecv`` whose message has come, taken on this thread without waiting:
+    its Work, done (a stream of small messages need not hop to the loop's thread for each);
+    None: it goes the loop's way."""
+    got = _received_here(tensor, src, group, tag, None)
+    if got is None:
         return None
+    g, fut = got
     if fut.done():
         return g.received_here(fut, src, tag)
     return call(lambda: g.follow_recv(fut, src, tag), False)  # type: ignore[no-any-return]
 
 
 def recv_here(tensor: Any, src: int, group: Any, tag: int) -> tuple[bool, Any]:
-    """A blocking ``recv`` done on this thread where it can be (``ProcessGroup.recv_here``),
-    spinning for the poll budget at most: ``(True, sender)``, or ``(False, None)``: it goes the
+    """A blocking ``recv`` done on this thread where it can be, waiting for its message as the
+    transport's ``wait_here`` does: ``(True, sender)``, or ``(False, None)``: it goes the
     loop's way. Raises the receive's error."""
-    if _here_thread() is None:
+    got = _received_here(tensor, src, group, tag, _busy_poll.budget())
+    if got is None:
         return False, None
-    g = resolve_group(group)
-    try:
-        fut = g.recv_here(tensor, src, tag, _busy_poll.budget())
-    except NotContiguousError:
-        return False, None
-    if fut is None:
-        return False, None
+    g, fut = got
     if fut.done():
         return True, g.outcome_here(fut, src, tag)
-    # (matched by the loop's thread to a message still arriving: tracked there, as any receive)
     return True, call(lambda: g.follow_recv(fut, src, tag), False)

@@ -428,10 +428,13 @@ class Transport(ABC):
         messages; empty when nothing is."""
         return ""
 
-    def _check_peer(self, peer: int) -> None:
-        """Raise the recorded error if ``peer`` is known to be gone."""
-        if peer in self.dead_peers:
-            raise self.dead_peers[peer]
+    def _check_peer(self, peer: int, key: Key | None = None) -> None:
+        """Raise the recorded error if ``peer`` is known to be gone; for the operation ``key``,
+        a member's notice that it abandoned it first, where one came: it says why (a mismatch,
+        say), and the member may well have left since, in consequence."""
+        gone = self.dead_peers.get(peer)
+        if gone is not None:
+            raise (self.mailbox.failure(key) if key is not None else None) or gone
 
     # -- lifetime ----------------------------------------------------------------------
     @abstractmethod

@@ -54,7 +54,7 @@ class MemoryTransport(Transport):
     ) -> asyncio.Future[None]:
         if self.closed:
             raise DistNetworkError(f"rank {self.rank}: transport is closed")
-        self._check_peer(dst)
+        self._check_peer(dst, key)
         if not 0 <= dst < self.world_size:
             raise DistNetworkError(f"rank {self.rank}: no rank {dst} in a world of {self.world_size}")
         peer = self._fabric.transports[dst]

@@ -881,12 +881,9 @@ class TcpTransport(Transport):
         self, dst: int, key: Key, payload: memoryview, fp: Fingerprint | None = None
     ) -> asyncio.Future[None]:
         proto = self._peers.get(dst)
-        if proto is None:
-            self._check_peer(dst)
-            if not self._dialable(dst):
-                raise DistNetworkError(f"rank {self.rank} has no connection to rank {dst}")
-        elif dst in self.dead_peers:
-            raise self.dead_peers[dst]
+        self._check_peer(dst, key)
+        if proto is None and not self._dialable(dst):
+            raise DistNetworkError(f"rank {self.rank} has no connection to rank {dst}")
         if self.mailbox.was_abandoned(key):
             # (an operation abandoned here, still running until it is failed: nothing more of
             # it leaves this rank, and its send stays pending until then)
