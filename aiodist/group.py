@@ -925,8 +925,8 @@ class ProcessGroup:
 
         ``here``: called from a blocking caller's thread (not the loop's) where ``runs_here``
         said it may, with that thread's poll budget: the operation runs there while its steps
-        complete there, each waiting ``here`` s at most (``aiodist.collectives.here``), and on
-        the loop's thread from wherever they stop."""
+        complete there, each polling ``here`` s, then sleeping a while (``shm_here.wait_here``;
+        ``aiodist.collectives.here``), and on the loop's thread from wherever they stop."""
         check = operation_named(name).check
         self.check_usable(name)
         b = self.runs_on.bind(self, name)

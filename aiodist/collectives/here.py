@@ -52,7 +52,7 @@ class HereState:
     __slots__ = ("budget", "deferred", "on_loop", "posted")
 
     def __init__(self, budget: float) -> None:
-        self.budget = budget  # seconds a step may wait here for a receive
+        self.budget = budget  # seconds a step polls here for a receive (then it sleeps a while)
         self.on_loop = False  # handed over: every call from now on is the loop's own
         # The calls this thread could not make, for the loop's thread to make first, in order
         # (None: none yet; from the first one on, every call is deferred, to keep the order).
