@@ -19,6 +19,7 @@ import asyncio
 import functools
 import logging
 import math
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -64,6 +65,9 @@ from aiodist.wire.control import Control
 from aiodist.work import Work
 
 __all__ = ["PEER_LOSS_GRACE", "ProcessGroup"]
+
+#: ``irecv_here``'s receives completed without a wait are let go once this many are held.
+_HERE_PRUNE_FROM = 64
 
 log = logging.getLogger("aiodist")
 
@@ -134,6 +138,12 @@ class ProcessGroup:
         self._behind: dict[Key, str] = {}
         self.broken: DistError | None = None
         self._inflight: dict[asyncio.Future[Any], InFlight] = {}
+        # Receives a blocking caller's thread posted without a hop to the loop (``irecv_here``):
+        # in flight as the others are (their deadline, a lost peer, an abort fail them), with
+        # no callback on their futures until one is waited for on the loop (``follow_here``).
+        # Written from that thread, read here; dict operations are atomic under the GIL.
+        self._here_ops: dict[asyncio.Future[Any], InFlight] = {}
+        self._here_prune_at = _HERE_PRUNE_FROM
         # One timer for the group, armed at the earliest deadline of the operations in flight
         # (a timer per operation, created and cancelled on every send and receive, cost more
         # than the rest of the bookkeeping of a small message).
@@ -189,7 +199,10 @@ class ProcessGroup:
 
     def in_flight(self) -> list[InFlight]:
         """The group's operations in flight, oldest first (a copy: failing one may end others)."""
-        return list(self._inflight.values())
+        ops = list(self._inflight.values())
+        if self._here_ops:
+            ops += [op for op in list(self._here_ops.values()) if not op.future.done()]  # type: ignore[union-attr]
+        return ops
 
     def fail_op(self, op: InFlight, err: BaseException) -> None:
         """Fail ``op`` with ``err``, taking back what it still sends or receives."""
@@ -236,14 +249,14 @@ class ProcessGroup:
         if self.broken is None:
             self.broken = exc
         self._keeper.on_peer_lost(peer, exc)
-        stranded = [op for op in self._inflight.values() if op.future is not None and not op.survives_loss]
+        stranded = [op for op in self.in_flight() if op.future is not None and not op.survives_loss]
         if stranded:
             self.loop.call_later(PEER_LOSS_GRACE, self._fail_stranded, stranded, exc)
 
     def on_peer_gone(self, peer: int, exc: DistNetworkError) -> None:
         """A peer is gone (lost, or left in order): this group's point-to-point operations with
         it fail at once, naming themselves (the transport's error names only the rank)."""
-        for op in [op for op in self._inflight.values() if op.peer == peer]:
+        for op in [op for op in self.in_flight() if op.peer == peer]:
             err = DistNetworkError(f"{op.name} on rank {self.global_rank} failed: {exc}")
             err.__cause__ = exc
             self._fail(op, err)
@@ -273,7 +286,7 @@ class ProcessGroup:
             # A collective already returned with data the ranks disagreed about: say so on
             # every later call rather than go on as if nothing happened.
             self.broken = exc
-        for op in list(self._inflight.values()):
+        for op in self.in_flight():
             if op.key == key:
                 self._fail(op, exc)
 
@@ -321,7 +334,7 @@ class ProcessGroup:
         """Fail every in-flight operation and refuse later ones."""
         if self.broken is None:
             self.broken = DistError(reason)
-        for op in list(self._inflight.values()):
+        for op in self.in_flight():
             self._fail(
                 op, DistError(f"{op.name} on rank {self.global_rank}: {reason} while it was in flight")
             )
@@ -334,15 +347,19 @@ class ProcessGroup:
     # -- operation tracking ---------------------------------------------------------------
     def _track(self, op: InFlight, fut: asyncio.Future[Any], timeout: float | None) -> None:
         op.future = fut
-        self._inflight[fut] = op
-        if self._poll.for_ops:  # fixed per loop, so _untrack releases exactly what this held
-            self._poll.hold()
         t = self.timeout if timeout is None else timeout
         if t is not None and t > 0 and t != math.inf:
             op.limit = t
             op.deadline = self.loop.time() + t
-            if op.deadline < self._deadline_at:
-                self._arm_deadline(op.deadline)
+        self._adopt(op, fut)
+
+    def _adopt(self, op: InFlight, fut: asyncio.Future[Any]) -> None:
+        """Track ``op`` (its future ``fut``, its deadline set) until it ends."""
+        self._inflight[fut] = op
+        if self._poll.for_ops:  # fixed per loop, so _untrack releases exactly what this held
+            self._poll.hold()
+        if op.deadline < self._deadline_at:
+            self._arm_deadline(op.deadline)
         fut.add_done_callback(self._untrack)
 
     def _untrack(self, fut: asyncio.Future[Any]) -> None:
@@ -360,7 +377,7 @@ class ProcessGroup:
         self._deadline_timer, self._deadline_at = None, math.inf
         now = self.loop.time()
         soonest = math.inf
-        for op in list(self._inflight.values()):
+        for op in self.in_flight():
             if op.deadline <= now:
                 op.deadline = math.inf  # fails once
                 self._timed_out(op, op.limit)
@@ -771,11 +788,11 @@ class ProcessGroup:
             raise
         own = runs_on.own_ops
         if own is not None:  # carried by the backend's engine, not the transport
-            return b.complete(own.recv(self._recv_name(src, tag), arr, src, tag, timeout))
+            return b.complete(own.recv(self.recv_name(src, tag), arr, src, tag, timeout))
         return b.complete(self._recv(arr, src, tag, timeout))
 
     @staticmethod
-    def _recv_name(src: int | None, tag: int) -> str:
+    def recv_name(src: int | None, tag: int) -> str:
         return f"recv from {'any rank' if src is None else f'rank {src}'} (tag {tag})"
 
     def _recv(self, arr: Any, src: int | None, tag: int, timeout: float | None) -> Work:
@@ -784,7 +801,7 @@ class ProcessGroup:
         transport = self.transport
         fut = transport.recv(src, key, byte_view(arr), fp)
         return self._watch(
-            self._recv_name(src, tag), key, fut, timeout, cleanup=lambda: transport.cancel_recv(fut), peer=src
+            self.recv_name(src, tag), key, fut, timeout, cleanup=lambda: transport.cancel_recv(fut), peer=src
         )
 
     # -- point-to-point on the caller's thread (the blocking face; see transport.shm_here) ---
@@ -825,17 +842,81 @@ class ProcessGroup:
             return fut.result()
         except DistNetworkError as exc:
             raise DistNetworkError(
-                f"{self._recv_name(src, tag)} on rank {self.global_rank} failed: {exc}"
+                f"{self.recv_name(src, tag)} on rank {self.global_rank} failed: {exc}"
             ) from exc
 
     def received_here(self, fut: asyncio.Future[int], src: int, tag: int) -> Work:
         """The Work of a non-blocking receive that ``recv_here`` completed on the calling thread:
         done, with its sender or its error as ``outcome_here`` gives them."""
-        name = self._recv_name(src, tag)
+        name = self.recv_name(src, tag)
         try:
             return Work.completed(self.loop, name, self.outcome_here(fut, src, tag))
         except Exception as exc:  # (raised by its wait, as the loop's way raises it)
             return Work.failed(self.loop, name, exc)
+
+    def irecv_here(self, tensor: Any, src: int | None, tag: int) -> asyncio.Future[int] | None:
+        """A non-blocking receive posted on the calling thread, in line behind the receives
+        posted before it, where the transport can (``post_here``): its future, done where its
+        message had come; else in flight (``in_flight``: its deadline, a lost peer, an abort
+        fail it) with no callback on its future, for ``wait_here_recv`` to wait for on this
+        thread or ``follow_here`` on the loop. None where nothing was posted and it must go the loop's
+        way (``irecv``). Raises what ``irecv`` raises for bad arguments."""
+        runs_on = self.runs_on
+        if src is None or runs_on.own_ops is not None or not runs_on.direct(tensor):
+            return None
+        peer, tag = self.p2p_args("recv", src, tag)
+        assert peer is not None
+        arr = _tensors.as_array(tensor, arg="tensor", writable=True)
+        fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
+        key = (self.gid, P2P, tag)
+        transport = self.transport
+        fut = transport.post_here(peer, key, byte_view(arr), fp)
+        if fut is None or transport.wait_here(peer, key, fut, None):
+            return fut
+        op = InFlight(self.recv_name(peer, tag), key)
+        op.future = fut
+        op.peer = peer
+        op.cleanup = functools.partial(transport.cancel_recv, fut)
+        t = self.timeout
+        if t is not None and 0 < t < math.inf:
+            op.limit = t
+            # (the monotonic clock the loop's time follows: read from this thread, uvloop's
+            # loop.time() would update the loop's own state)
+            op.deadline = time.monotonic() + t
+        ops = self._here_ops
+        ops[fut] = op
+        if len(ops) >= self._here_prune_at:  # (those completed without a wait: polled, dropped)
+            for f in [f for f in list(ops) if f.done()]:
+                ops.pop(f, None)
+            self._here_prune_at = max(_HERE_PRUNE_FROM, 2 * len(ops))
+        # Read after the insert: a timer due no later than this deadline checks it when it
+        # fires (``_check_deadlines`` looks at these too), else the loop arms one.
+        if op.deadline < self._deadline_at:
+            self.loop.call_soon_threadsafe(self._arm_for, op.deadline)
+        return fut
+
+    def _arm_for(self, deadline: float) -> None:
+        """On the loop: have a timer due at ``deadline`` at the latest."""
+        if deadline < self._deadline_at:
+            self._arm_deadline(deadline)
+
+    def wait_here_recv(self, fut: asyncio.Future[int], budget: float | None) -> bool:
+        """Wait on the calling thread for the receive ``irecv_here`` posted, as the transport's
+        ``wait_here`` does: True once it is done (no longer in flight here)."""
+        op = self._here_ops.get(fut)
+        if op is None or op.peer is None:
+            return fut.done()
+        if not self.transport.wait_here(op.peer, op.key, fut, budget):
+            return False
+        self._here_ops.pop(fut, None)
+        return True
+
+    def follow_here(self, fut: asyncio.Future[int]) -> None:
+        """On the loop: track from now, as ``irecv`` tracks its own, the receive ``irecv_here``
+        posted, which is to be waited for here (its caller's thread takes it no more)."""
+        op = self._here_ops.pop(fut, None)
+        if op is not None and not fut.done():
+            self._adopt(op, fut)
 
     def follow_recv(self, fut: asyncio.Future[int], src: int, tag: int, timeout: float | None = None) -> Work:
         """Track, on the loop, a receive ``recv_here`` posted that is still arriving: its
@@ -843,7 +924,7 @@ class ProcessGroup:
         transport = self.transport
         key = (self.gid, P2P, tag)
         return self._watch(
-            self._recv_name(src, tag), key, fut, timeout, cleanup=lambda: transport.cancel_recv(fut), peer=src
+            self.recv_name(src, tag), key, fut, timeout, cleanup=lambda: transport.cancel_recv(fut), peer=src
         )
 
     def batch_isend_irecv(self, p2p_op_list: Sequence[Any]) -> list[Work] | None:

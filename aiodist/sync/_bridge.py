@@ -11,11 +11,15 @@ the caller no thread hop per message.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import datetime
 import functools
 import sys
+import threading
 import traceback
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -183,12 +187,18 @@ def collective_here(name: str, group: Any, args: tuple[Any, ...], timeout: float
 def send_here(tensor: Any, dst: int, group: Any, tag: int) -> bool:
     """A blocking ``send`` done on this thread where it can be (``ProcessGroup.send_here``);
     False: it goes the loop's way."""
-    if _here_thread() is None:
-        return False
+    return _sent_here(tensor, dst, group, tag) is not None
+
+
+def _sent_here(tensor: Any, dst: int, group: Any, tag: int) -> LoopThread | None:
+    """``send_here``: the runtime's loop thread once sent; None: it goes the loop's way."""
+    lt = _here_thread()
+    if lt is None:
+        return None
     try:
-        return resolve_group(group).send_here(tensor, dst, tag)
+        return lt if resolve_group(group).send_here(tensor, dst, tag) else None
     except NotContiguousError:
-        return False  # (the loop's way sends a contiguous copy)
+        return None  # (the loop's way sends a contiguous copy)
 
 
 def _nbytes(t: Any) -> int | None:
@@ -209,9 +219,10 @@ def isend_here(tensor: Any, dst: int, group: Any, tag: int) -> Work | None:
     """A non-blocking ``isend`` done on this thread where it can be, as ``send_here``: its Work,
     complete (the message is in the peer's ring, ``tensor`` free again); None: it goes the
     loop's way."""
-    if not send_here(tensor, dst, group, tag):
+    lt = _sent_here(tensor, dst, group, tag)
+    if lt is None:
         return None
-    return Work.completed(get_loop_thread().loop, f"send to rank {dst} (tag {tag})")
+    return Work.completed(lt.loop, f"send to rank {dst} (tag {tag})")
 
 
 def _received_here(
@@ -231,16 +242,89 @@ def _received_here(
 
 
 def irecv_here(tensor: Any, src: int, group: Any, tag: int) -> Work | None:
-    """A non-blocking ``irecv`` whose message has come, taken on this thread without waiting:
-    its Work, done (a stream of small messages need not hop to the loop's thread for each);
-    None: it goes the loop's way."""
-    got = _received_here(tensor, src, group, tag, None)
-    if got is None:
+    """A non-blocking ``irecv`` posted on this thread (``ProcessGroup.irecv_here``): its Work,
+    done where its message had come, else one whose ``wait()`` takes the message on the
+    waiting thread (``_PostedHere``): a stream of small messages need not hop to the loop's
+    thread for each. None: it goes the loop's way."""
+    if _here_thread() is None:
         return None
-    g, fut = got
+    g = resolve_group(group)
+    try:
+        fut = g.irecv_here(tensor, src, tag)
+    except NotContiguousError:
+        return None
+    if fut is None:
+        return None
     if fut.done():
         return g.received_here(fut, src, tag)
-    return call(lambda: g.follow_recv(fut, src, tag), False)  # type: ignore[no-any-return]
+    return _PostedHere(fut, g.recv_name(src, tag), g)
+
+
+class _PostedHere(Work):
+    """The Work of an ``irecv`` that a caller's thread posted (``irecv_here``) before its
+    message came.
+
+    ``wait()`` takes the message on the waiting thread, as a blocking ``recv`` does
+    (``ProcessGroup.wait_here_recv``: the poll budget, then a sleep the writer ends); where it
+    has not come by then, the receive is handed to the loop's thread, which tracks it from
+    then on as any receive. Its timeout counts from the call either way.
+
+    Why the hand-over is one way: a future completed on another thread than the loop's must
+    have no callback (its callbacks are the loop's to run). Whatever adds one (the wait on
+    the loop's thread, ``get_future``, ``await``, the report of a Work dropped unseen) hands
+    the receive over first, and once it is handed over, no thread takes its message here. The
+    lock keeps a wait here and a hand-over from overlapping.
+    """
+
+    __slots__ = ("_group", "_handed", "_lock")
+
+    def __init__(self, future: asyncio.Future[Any], name: str, group: ProcessGroup) -> None:
+        super().__init__(future, name)
+        self._group = group
+        self._handed = False
+        self._lock = threading.Lock()
+
+    def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
+        fut = self._future
+        if not fut.done() and not self._handed and self._lock.acquire(blocking=False):
+            try:
+                if not self._handed and not self._on_loop_thread():
+                    # (a time limit of the caller's is kept to the letter: a look, no wait here)
+                    unlimited = timeout is None or timeout == datetime.timedelta(0)
+                    self._group.wait_here_recv(fut, _busy_poll.budget() if unlimited else None)
+            finally:
+                self._lock.release()
+        if not fut.done() and not self._on_loop_thread():
+            self._hand_over()
+        return super().wait(timeout)
+
+    def get_future(self) -> concurrent.futures.Future[Any]:
+        self._hand_over()
+        return super().get_future()
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        self._hand_over()
+        return super().__await__()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_handed", True) and not self._future.done():
+            self._handed = True  # (nobody else holds it: nothing waits here)
+            with contextlib.suppress(RuntimeError):  # (the loop is closed: nothing to track)
+                self._loop.call_soon_threadsafe(self._group.follow_here, self._future)
+        super().__del__()
+
+    def _hand_over(self) -> None:
+        """Have the loop's thread track the receive from now (no thread takes it here then)."""
+        with self._lock:
+            if self._handed:
+                return
+            self._handed = True
+        follow = functools.partial(self._group.follow_here, self._future)
+        lt = get_loop_thread()
+        if lt.in_loop_thread():
+            follow()
+        else:
+            lt.call(follow)
 
 
 def recv_here(tensor: Any, src: int, group: Any, tag: int) -> tuple[bool, Any]:

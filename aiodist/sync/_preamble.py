@@ -87,13 +87,11 @@ def torch_op(*, root: str | None = None, root_default: Any = None, skipped: Any 
                 return fn(*args, **kwargs)
             assert root is not None
             group_key = f"group_{root}"
-            rank = global_rank(
-                arg(args, kwargs, at_root, root),
-                arg(args, kwargs, at_group_root, group_key),
-                group,
-                root,
-                root_default,
-            )
+            given = arg(args, kwargs, at_root, root)
+            group_given = arg(args, kwargs, at_group_root, group_key)
+            if given is not None and group_given is None:
+                return fn(*args, **kwargs)  # (the common case: a global rank, nothing to resolve)
+            rank = global_rank(given, group_given, group, root, root_default)
             positional = list(args)
             for at, key, value in ((at_root, root, rank), (at_group_root, group_key, None)):
                 if at < len(positional):

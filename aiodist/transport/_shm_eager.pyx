@@ -186,17 +186,23 @@ def write_eager(Ring ring, shapes, tuple key, fp, payload):
 
 
 def post_mine(Mailbox box, src, tuple key, buf, fp):
-    """Post a receive from ``src`` for the calling thread: its future, first in line for
-    ``key``, or None where the receive must be posted the loop's way (another receive waits
-    for ``key``, its operation failed, ``src`` is gone, a message held for it disagrees).
-    A message of ``src`` held for ``key`` fills it at once (the future is done: the caller
-    tells the mailbox's ``on_drain`` on the loop's thread)."""
+    """Post a receive from ``src`` for the calling thread: its future, in line for ``key``
+    behind the receives from ``src`` posted before it, or None where the receive must be
+    posted the loop's way (a receive from any source waits for ``key``, its operation failed,
+    ``src`` is gone, a message held for it disagrees). A message of ``src`` held for ``key``
+    fills it at once (the future is done: the caller tells the mailbox's ``on_drain`` on the
+    loop's thread)."""
     cdef _Held held
     if key in box._failed_keys or src in box._dead or key in box._abandoned:
         return None
     table_key = (src, key)
-    if box._posted.get(table_key) or box._posted_any.get(key):
+    if box._posted_any.get(key):
         return None
+    q = box._posted.get(table_key)
+    if q:  # (behind those: a message held for the key would have filled the first of them)
+        fut = box.loop.create_future()
+        q.append(PendingRecv(src, key, buf, fp, box._next_order(), fut))
+        return fut
     by_src = box._held.get(key)
     q = by_src.get(src) if by_src else None
     if q:  # (messages held from other senders only are theirs, not this receive's)
@@ -220,7 +226,7 @@ def post_mine(Mailbox box, src, tuple key, buf, fp):
 
 def take_mine(Ring ring, shapes, Mailbox box, src, tuple key, fut):
     """Take the record at the front of ``ring`` (``src``'s) if it is the message of the receive
-    ``post_mine`` gave ``fut`` for, agreeing in size and fingerprint: its bytes (``fut`` is
+    ``post_mine`` gave ``fut`` for, first in line for ``key``, agreeing in size and fingerprint: its bytes (``fut`` is
     then done), or -1 where it is not (an empty ring, another message, a disagreement: the
     loop's thread takes those)."""
     cdef Py_ssize_t start
@@ -249,7 +255,8 @@ def take_mine(Ring ring, shapes, Mailbox box, src, tuple key, fut):
     if recv.fp is not None and fp is not None and not same_fp(recv.fp, fp):
         return -1
     q.popleft()
-    del box._posted[table_key]
+    if not q:
+        del box._posted[table_key]
     PyObject_GetBuffer(recv.buf, &view, PyBUF_WRITABLE)
     try:
         if plen:

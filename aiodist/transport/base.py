@@ -226,10 +226,10 @@ class Transport(ABC):
         was here already), or None where nothing was posted and it must go the loop's way."""
         return None
 
-    def wait_here(self, src: int, key: Key, fut: asyncio.Future[int], budget: float) -> bool:
-        """Wait on this thread, ``budget`` s at most, for the receive ``post_here`` gave
-        ``fut`` for: True once it is done; False where it is not (it stays posted: the loop's
-        thread fills it when its message comes)."""
+    def wait_here(self, src: int, key: Key, fut: asyncio.Future[int], budget: float | None) -> bool:
+        """Wait on this thread, ``budget`` s at most (then a while asleep; None: a look, no
+        wait), for the receive ``post_here`` gave ``fut`` for: True once it is done; False
+        where it is not (it stays posted: the loop's thread fills it when its message comes)."""
         return fut.done()
 
     def look_here(self, peers: Sequence[int], on: bool) -> None:

@@ -7,8 +7,8 @@ and sleeps until the loop wakes it, two thread switches that cost more than the 
 
 * a send writes its record into the ring itself (``_shm_eager.write_eager``) when nothing of
   this link is queued or being written by the loop's thread, and rings the peer's doorbell;
-* a receive posts itself first in line for its key (``post_mine``), then takes its message
-  from the front of the ring (``take_mine``), spinning with the GIL released for the poll
+* a receive posts itself in line for its key (``post_mine``), then takes its message from
+  the front of the ring once it is first in line (``take_mine``), spinning with the GIL released for the poll
   budget (``Ring.wait_pending``) while it waits, then sleeping until the writer wakes it
   (``Ring.sleep_pending``, up to ``SLEEP``), its "polling" flag raised so that the writer
   need not ring. The loop's thread may fill it meanwhile (a wake-up it got anyway); if neither
@@ -19,9 +19,9 @@ and sleeps until the loop wakes it, two thread switches that cost more than the 
 
 Each compiled call runs whole under the GIL and calls no Python code, and the loop's thread
 marks the multi-step reads and writes it does in Python (``draining``, ``writing``), so the two
-threads never interleave inside one. Whatever is not the plain case (a message held or a
-receive already waiting for the key, a mismatch, a queue, a link being set up or broken, the
-Python engine) goes the loop's way, which handles it as always. Only compiled links serve here.
+threads never interleave inside one. Whatever is not the plain case (a receive from any
+source waiting for the key, a mismatch, a queue, a link being set up or broken, the Python
+engine) goes the loop's way, which handles it as always. Only compiled links serve here.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def recv_here(
     message that is still arriving (the caller has it tracked there, as any receive); None
     where nothing was posted and the receive must go the loop's way."""
     fut = post_here(paths, peer, key, buf, fp)
-    if fut is None or wait_here(paths, peer, key, fut, budget or 0.0, sleep=budget is not None):
+    if fut is None or wait_here(paths, peer, key, fut, budget):
         return fut
     native: Any = compiled("aiodist.transport._shm_eager")
     if native.withdraw_mine(paths.mailbox, peer, key, fut):
@@ -107,8 +107,8 @@ def recv_here(
 def post_here(
     paths: ShmPaths, peer: int, key: Key, buf: memoryview, fp: Fingerprint | None
 ) -> asyncio.Future[int] | None:
-    """Post a receive of ``peer``'s message into ``buf`` from this thread, first in line for
-    ``key``: its future (done at once where the message was held here); None where nothing was
+    """Post a receive of ``peer``'s message into ``buf`` from this thread, in line for ``key``
+    behind those posted before it: its future (done at once where the message was held here); None where nothing was
     posted and the receive must go the loop's way."""
     native = compiled("aiodist.transport._shm_eager")
     link = paths.links.get(peer)
@@ -130,15 +130,13 @@ def post_here(
     return fut
 
 
-def wait_here(
-    paths: ShmPaths, peer: int, key: Key, fut: asyncio.Future[int], budget: float, *, sleep: bool = True
-) -> bool:
+def wait_here(paths: ShmPaths, peer: int, key: Key, fut: asyncio.Future[int], budget: float | None) -> bool:
     """Wait on this thread for the receive ``post_here`` gave ``fut`` for: take its record from
-    the front of ``peer``'s ring, spinning with the GIL released between looks for ``budget``
-    s, then (``sleep``) sleeping for ``SLEEP`` s more until the writer wakes it
-    (``Ring.sleep_pending``). True once ``fut`` is done (filled here or by the loop's thread,
-    or failed there); False where it is not: it stays posted, and the loop's thread may fill
-    it."""
+    the front of ``peer``'s ring once it is first in line, spinning with the GIL released
+    between looks for ``budget`` s, then sleeping for ``SLEEP`` s more until the writer wakes
+    it (``Ring.sleep_pending``); ``budget`` None: look, without waiting. True once ``fut`` is
+    done (filled here or by the loop's thread, or failed there); False where it is not: it
+    stays posted, and the loop's thread may fill it."""
     if fut.done():
         return True
     native: Any = compiled("aiodist.transport._shm_eager")
@@ -146,21 +144,18 @@ def wait_here(
     if link is None or not link.readable():
         return fut.done()
     inp: Any = link.inp  # (the compiled ring: readable() checked it is there)
-    out, box = link.out, paths.mailbox
+    if budget is None:  # (a look, no more: no clock, no flag)
+        return (not link.draining and _take(paths, link, native, inp, peer, key, fut)) or fut.done()
+    out = link.out
     now = time.monotonic()
-    until = now + budget
-    wake_by = until + SLEEP if sleep and out is not None and inp.can_sleep else until
+    until = now + (budget or 0.0)
+    wake_by = until + SLEEP if budget is not None and out is not None and inp.can_sleep else until
     flagged = False
     second_look = False
     try:
         while not fut.done():
             if not link.draining and link.readable():
-                got = native.take_mine(inp, link.shapes_in, box, peer, key, fut)
-                if got >= 0:
-                    paths.bytes_received += got
-                    paths.moved += 1
-                    if inp.words[W_BLOCKED]:  # (the writer waits for room: the loop rings)
-                        paths.loop.call_soon_threadsafe(link.wake_peer)
+                if _take(paths, link, native, inp, peer, key, fut):
                     break
                 if inp.pending():
                     if second_look:
@@ -192,6 +187,21 @@ def wait_here(
         paths.received_here += 1
         return True
     return False
+
+
+def _take(
+    paths: ShmPaths, link: Any, native: Any, inp: Any, peer: int, key: Key, fut: asyncio.Future[int]
+) -> bool:
+    """Take the record at the front of ``peer``'s ring if it is ``fut``'s message: True once
+    taken (``fut`` done)."""
+    got = native.take_mine(inp, link.shapes_in, paths.mailbox, peer, key, fut)
+    if got < 0:
+        return False
+    paths.bytes_received += got
+    paths.moved += 1
+    if inp.words[W_BLOCKED]:  # (the writer waits for room: the loop rings)
+        paths.loop.call_soon_threadsafe(link.wake_peer)
+    return True
 
 
 def look_here(paths: ShmPaths, peers: Sequence[int], on: bool) -> None:

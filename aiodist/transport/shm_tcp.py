@@ -120,7 +120,7 @@ class ShmTcpTransport(TcpTransport):
             return None
         return shm_here.post_here(self._shm, src, key, buf, fp)
 
-    def wait_here(self, src: int, key: Key, fut: asyncio.Future[int], budget: float) -> bool:
+    def wait_here(self, src: int, key: Key, fut: asyncio.Future[int], budget: float | None) -> bool:
         return shm_here.wait_here(self._shm, src, key, fut, budget)
 
     def look_here(self, peers: Sequence[int], on: bool) -> None:

@@ -125,7 +125,7 @@ def _traffic_job(rank: int, size: int) -> dict[str, Any]:
                 out["wrong"].append(("slow sender", i, float(one[0])))
     out["slow here"] = _here_counts()[1] - received_before
     # Non-blocking receives: of messages that have come (taken on this thread, done at once),
-    # then of messages still to come (the loop's way), which must not overtake them.
+    # then of messages still to come (posted behind them; their waits take them here).
     if rank == 0:
         for i in range(IRECV_ROUNDS):
             dist.send(np.full(1, i, np.float32), peer, tag=9)
@@ -142,8 +142,10 @@ def _traffic_job(rank: int, size: int) -> dict[str, Any]:
         out["irecv here"] = _here_counts()[1] - received_before
         works += [dist.irecv(b, peer, tag=9) for b in bufs[IRECV_ROUNDS:]]
         dist.barrier()
+        received_before = _here_counts()[1]
         for w in works:
             w.wait()
+        out["irecv waited here"] = _here_counts()[1] - received_before
         senders = [w.source_rank() for w in works]
         if [float(b[0]) for b in bufs] != list(range(2 * IRECV_ROUNDS)) or set(senders) != {peer}:
             out["wrong"].append(("irecv", [float(b[0]) for b in bufs], senders))
@@ -179,8 +181,11 @@ def test_every_message_arrives_in_order_either_way(engine: str) -> None:
         # where a thread can sleep on the segment (Linux futexes).
         if sys.platform.startswith("linux"):
             assert res[1]["slow here"] >= SLOW_ROUNDS // 2, res[1]["slow here"]
-        # The non-blocking receives of messages that had come were all done on this thread.
+        # The non-blocking receives of messages that had come were all done on this thread,
+        # and most of those posted before their messages were taken by their waits there.
         assert res[1]["irecv done at once"] == res[1]["irecv here"] == IRECV_ROUNDS, res[1]
+        if sys.platform.startswith("linux"):
+            assert res[1]["irecv waited here"] >= IRECV_ROUNDS // 2, res[1]
 
 
 def _mistake_job(rank: int, size: int) -> dict[str, str]:
@@ -231,3 +236,117 @@ def test_mistakes_raise_as_the_loops_way_does() -> None:
     for out in res:
         assert out["to self"] == "DistValueError" and out["out of range"] == "DistValueError"
         assert out["bad tag"] == "DistTypeError"
+
+
+# -- non-blocking receives posted on the caller's thread before their messages ------------------
+
+POSTED_T = 3.0  # the group's timeout in this job (FAULTS' T)
+
+
+def _posted_job(rank: int, size: int) -> dict[str, Any]:
+    import time
+
+    import aiodist.sync as dist
+
+    dist.init_process_group("tcp", timeout=POSTED_T)
+    peer = 1 - rank
+    out: dict[str, Any] = {}
+    one = np.zeros(1, np.float32)
+    for _ in range(3):  # (warm: the shape known, the caller's way open)
+        (dist.send if rank == 0 else dist.recv)(one, peer)
+
+    def value(i: float) -> np.ndarray:
+        return np.full(1, i, np.float32)
+
+    # Nothing is ever sent on tag 5: the receive times out T after the call, waited for or not.
+    if rank == 1:
+        w = dist.irecv(np.zeros(1, np.float32), peer, tag=5)
+        out["posted"] = type(w).__name__
+        time.sleep(POSTED_T + 1.5)
+        out["unwaited"] = (w.is_completed(), type(w.exception()).__name__)
+        w = dist.irecv(np.zeros(1, np.float32), peer, tag=5)
+        began = time.monotonic()
+        try:
+            w.wait()
+            out["timeout"] = "no error"
+        except dist.DistTimeoutError as exc:
+            out["timeout"] = str(exc)
+        out["timeout after"] = time.monotonic() - began
+    else:
+        time.sleep(2 * POSTED_T + 2)  # (meanwhile: the barrier's timeout would run out here)
+    dist.barrier()
+    # The group goes on: receives posted before their messages, waited for in reverse order,
+    # one through a thread-safe future, one dropped (it still takes its message: the next
+    # receive gets the next one).
+    if rank == 0:
+        dist.barrier()
+        for i in range(3):
+            dist.send(value(i), peer, tag=7)
+        dist.send(value(10), peer, tag=8)
+        dist.send(value(20), peer, tag=9)
+        dist.send(value(21), peer, tag=9)
+    else:
+        bufs = [np.zeros(1, np.float32) for _ in range(3)]
+        works = [dist.irecv(b, peer, tag=7) for b in bufs]
+        fbuf = np.zeros(1, np.float32)
+        fut = dist.irecv(fbuf, peer, tag=8).get_future()
+        dropped = dist.irecv(np.zeros(1, np.float32), peer, tag=9)
+        del dropped
+        kept = np.zeros(1, np.float32)
+        last = dist.irecv(kept, peer, tag=9)
+        dist.barrier()
+        senders = [w.wait() and w.source_rank() for w in reversed(works)]
+        out["reversed"] = ([float(b[0]) for b in bufs], senders)
+        out["future"] = (fut.result(timeout=30), float(fbuf[0]))
+        last.wait()
+        out["after dropped"] = float(kept[0])
+    dist.barrier()
+    # A receive pending when its group is destroyed fails, saying so.
+    g = dist.new_group([0, 1])
+    if rank == 1:
+        w = dist.irecv(np.zeros(1, np.float32), peer, group=g, tag=11)
+    dist.destroy_process_group(g)
+    if rank == 1:
+        out["destroyed"] = f"{type(w.exception()).__name__}: {w.exception()}"
+    # A receive pending when its sender leaves fails, naming itself and the sender.
+    if rank == 0:
+        dist.barrier()
+        dist.destroy_process_group()
+        return out
+    w = dist.irecv(np.zeros(1, np.float32), peer, tag=12)
+    dist.barrier()
+    try:
+        w.wait()
+        out["left"] = "no error"
+    except dist.DistError as exc:
+        out["left"] = f"{type(exc).__name__}: {exc}"
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.timeout(180)
+def test_posted_receives_keep_every_contract() -> None:
+    """A non-blocking receive posted before its message behaves as the loop's way's: its
+    timeout counts from the call (waited for or not), the group goes on after it, waits in
+    any order and a future give the right data, a dropped receive still takes its message,
+    and destroying the group or losing the sender fails it, naming it. The compiled engine
+    (posted on the caller's thread) and the Python engine (the loop's way) agree."""
+    outs = {
+        engine: spawn(_posted_job, 2, timeout=170, env={"AIODIST_SHM": "1", "AIODIST_NATIVE": mode})
+        for engine, mode in (("compiled", "auto"), ("python", "0"))
+    }
+    for engine, res in outs.items():
+        out = res[1]
+        assert out["unwaited"] == (True, "DistTimeoutError"), (engine, out)
+        assert "recv from rank 0 (tag 5) on rank 1" in out["timeout"], (engine, out)
+        assert f"timeout of {POSTED_T:g} s" in out["timeout"], (engine, out)
+        assert POSTED_T - 0.1 <= out["timeout after"] <= POSTED_T + 2, (engine, out)
+        assert out["reversed"] == ([0.0, 1.0, 2.0], [0, 0, 0]), (engine, out)
+        assert out["future"] == (0, 10.0), (engine, out)
+        assert out["after dropped"] == 21.0, (engine, out)
+        assert out["destroyed"].startswith("DistError: recv from rank 0 (tag 11) on rank 1"), (engine, out)
+        assert "destroyed" in out["destroyed"], (engine, out)
+        assert out["left"].startswith("DistNetworkError: recv from rank 0 (tag 12) on rank 1"), (engine, out)
+    if native.choice() == "on" or outs["compiled"][1]["posted"] == "_PostedHere":
+        assert outs["compiled"][1]["posted"] == "_PostedHere", outs["compiled"][1]
+    assert outs["python"][1]["posted"] != "_PostedHere", outs["python"][1]
