@@ -35,10 +35,11 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "unit or collectives" -n auto --dist worksteal
 
-# The Python twins of the compiled parts (AIODIST_NATIVE=0; aiodist.native): the unit tier,
-# which gives both twins the same inputs, the in-memory tier (every operation through the Python
-# matcher and Work), and the tests of the shared-memory transport and the sync face they serve
-# (there the blocking calls take the loop thread's way). `make test` runs the compiled parts.
+# The Python twins of the compiled parts (AIODIST_NATIVE=0; aiodist.native), in about two
+# minutes: the unit tier, which gives both twins the same inputs, the in-memory tier (every
+# operation through the Python matcher and Work), and the tests of the shared-memory transport
+# and the sync face they serve (there the blocking calls take the loop thread's way). CI runs
+# the whole suite both ways: `AIODIST_NATIVE=1 make test`, `AIODIST_NATIVE=0 make test`.
 test-python-engine: install
 	AIODIST_NATIVE=0 $(PY) -m pytest -q tests/unit tests/collectives tests/integration/test_shm.py \
 		tests/integration/test_transport_conformance.py tests/integration/test_sync_facade.py \
