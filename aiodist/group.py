@@ -859,8 +859,8 @@ class ProcessGroup:
         posted before it, where the transport can (``post_here``): its future, done where its
         message had come; else in flight (``in_flight``: its deadline, a lost peer, an abort
         fail it) with no callback on its future, for ``wait_here_recv`` to wait for on this
-        thread or ``follow_here`` on the loop. None where nothing was posted and it must go the loop's
-        way (``irecv``). Raises what ``irecv`` raises for bad arguments."""
+        thread or ``follow_here`` on the loop. None where nothing was posted and it must go
+        the loop's way (``irecv``). Raises what ``irecv`` raises for bad arguments."""
         runs_on = self.runs_on
         if src is None or runs_on.own_ops is not None or not runs_on.direct(tensor):
             return None

@@ -286,16 +286,18 @@ class _PostedHere(Work):
 
     def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
         fut = self._future
-        if not fut.done() and not self._handed and self._lock.acquire(blocking=False):
-            try:
-                if not self._handed and not self._on_loop_thread():
-                    # (a time limit of the caller's is kept to the letter: a look, no wait here)
-                    unlimited = timeout is None or timeout == datetime.timedelta(0)
-                    self._group.wait_here_recv(fut, _busy_poll.budget() if unlimited else None)
-            finally:
-                self._lock.release()
-        if not fut.done() and not self._on_loop_thread():
-            self._hand_over()
+        # (the loop's thread raises below; asyncio's public check raises where none runs)
+        if not fut.done() and asyncio._get_running_loop() is not self._loop:
+            if not self._handed and self._lock.acquire(blocking=False):
+                try:
+                    if not self._handed:
+                        # (a time limit of the caller's is kept to the letter: a look, no wait)
+                        unlimited = timeout is None or timeout == datetime.timedelta(0)
+                        self._group.wait_here_recv(fut, _busy_poll.budget() if unlimited else None)
+                finally:
+                    self._lock.release()
+            if not fut.done():
+                self._hand_over()
         return super().wait(timeout)
 
     def get_future(self) -> concurrent.futures.Future[Any]:
