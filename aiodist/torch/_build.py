@@ -17,6 +17,7 @@ complete and loading it needs no lock.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import hashlib
@@ -37,6 +38,8 @@ __all__ = ["ExtensionBuildError", "build_seconds", "cache_dir", "load_extension"
 _SOURCE = Path(__file__).with_name("csrc") / "aiodist_backend.cpp"
 _NAME = "aiodist_torch_backend"
 _lock = threading.Lock()
+#: How long, at exit, the completions still running may take (then they are left as they are).
+_CLOSE_SECONDS = 5.0
 _module: Any = None
 _build_seconds: float | None = None
 
@@ -95,6 +98,10 @@ def load_extension() -> Any:
         # Built before for this torch and this source (published whole): no compiler needed.
         _module = _import_built(built) if built.is_file() else _build(where, built)
         _build_seconds = time.perf_counter() - t0
+        # The extension's thread runs the completions of work futures; at exit they end before
+        # Python finalizes (letting go of a tensor later would abort the process: see the
+        # Completer in the source). Bounded, for a completion that never ends.
+        atexit.register(_module._close_completions, _CLOSE_SECONDS)
         return _module
 
 

@@ -166,3 +166,41 @@ def test_a_successful_run_logs_no_store_timeouts(tmp_path: Path, level: str) -> 
         assert r.returncode == 0, r.stderr
         assert r.results() == ["RESULT [2.0, 2.0, 2.0, 2.0]"], r.stdout
         assert "waitForInput" not in r.stderr and "timed out" not in r.stderr, r.stderr
+
+
+LATE_CALLBACK_SCRIPT = textwrap.dedent(
+    """
+    import datetime, time
+    import torch
+    import torch.distributed as dist
+    import aiodist.torch
+
+    dist.init_process_group("aiodist", timeout=datetime.timedelta(seconds=60))
+    x = torch.ones(1000)
+    work = dist.all_reduce(x, async_op=True)
+
+    def slow(fut):
+        time.sleep(0.3)  # still running when the script ends
+        print("CALLBACK", fut.value()[0][0].item(), flush=True)
+
+    work.get_future().then(slow)
+    work.wait()
+    dist.destroy_process_group()
+    print("RESULT ended", flush=True)
+    """
+)
+
+
+@needs_compiler
+def test_a_future_callback_still_running_at_exit_ends_before_python(tmp_path: Path) -> None:
+    """A script may end while a callback of a work's future still runs on the extension's
+    thread (or has yet to): the process exits cleanly once it has run, where it used to crash
+    in Python's finalization (a segmentation fault, or "terminate called without an active
+    exception") after the script had done all its work."""
+    script = tmp_path / "late.py"
+    script.write_text(LATE_CALLBACK_SCRIPT)
+    ran = run_ranks(script, 2, env={**ENV, "AIODIST_TORCH_BACKEND": "cpp"}, timeout=100)
+    for r in ran:
+        assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
+        assert r.results() == ["RESULT ended"], r.stdout
+        assert "CALLBACK 2.0" in r.stdout, r.stdout

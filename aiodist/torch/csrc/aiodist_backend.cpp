@@ -11,6 +11,7 @@
 
 #include <torch/extension.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -73,6 +74,13 @@ std::exception_ptr makeError(int kind, const std::string& msg) {
 // operations: off the loop thread, because a future callback may start another operation and
 // wait for it (DDP's PowerSGD hook does), which needs the loop running; in order, because
 // callbacks that start collectives must start them in the same order on every rank.
+//
+// A completion holds tensors and a future, whose last references may be Python objects: letting
+// them go takes the GIL. Once the interpreter is finalizing, a thread that asks for the GIL is
+// ended on the spot (pthread_exit), and ending it inside a destructor aborts the process
+// ("terminate called without an active exception", after the program had done all its work).
+// So at exit, before finalizing, close() lets the completions posted so far run and end, and
+// later ones are kept, never run nor destroyed (the process is ending).
 class Completer {
  public:
   static Completer& get() {
@@ -83,9 +91,28 @@ class Completer {
   void post(std::function<void()> fn) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (closed_) {
+        new std::function<void()>(std::move(fn));  // kept: see close()
+        return;
+      }
       queue_.push_back(std::move(fn));
     }
     cv_.notify_one();
+  }
+
+  // At interpreter exit (an atexit handler, the GIL released): take no more completions and
+  // wait, ``seconds`` at most, until those posted have run and been destroyed. Any still queued
+  // then are kept, never run: past this, this thread touches nothing of Python's.
+  void close(double seconds) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    closed_ = true;
+    idle_.wait_for(lock, std::chrono::duration<double>(seconds), [this]() {
+      return queue_.empty() && !busy_;
+    });
+    while (!queue_.empty()) {
+      new std::function<void()>(std::move(queue_.front()));
+      queue_.pop_front();
+    }
   }
 
   bool onThread() const {
@@ -101,24 +128,35 @@ class Completer {
 
   void run() {
     for (;;) {
-      std::function<void()> fn;
       {
-        std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [this]() { return !queue_.empty(); });
-        fn = std::move(queue_.front());
-        queue_.pop_front();
+        std::function<void()> fn;
+        {
+          std::unique_lock<std::mutex> lock(mutex_);
+          cv_.wait(lock, [this]() { return !queue_.empty(); });
+          fn = std::move(queue_.front());
+          queue_.pop_front();
+          busy_ = true;
+        }
+        try {
+          fn();
+        } catch (...) {
+          // A future reports its callbacks' errors to whoever waits on the chained future.
+        }
+      }  // (what the completion held is let go here, before it counts as done)
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        busy_ = false;
       }
-      try {
-        fn();
-      } catch (...) {
-        // A future reports its callbacks' errors to whoever waits on the chained future.
-      }
+      idle_.notify_all();
     }
   }
 
   std::mutex mutex_;
   std::condition_variable cv_;
+  std::condition_variable idle_;
   std::deque<std::function<void()>> queue_;
+  bool busy_ = false;
+  bool closed_ = false;
   std::thread::id id_;
 };
 
@@ -473,4 +511,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<AiodistBackend, c10d::Backend, c10::intrusive_ptr<AiodistBackend>>(m, "AiodistBackend")
       .def(py::init<int, int, py::object>(), py::arg("rank"), py::arg("size"), py::arg("adapter"));
+
+  m.def(
+      "_close_completions",
+      [](double seconds) { aiodist_torch::Completer::get().close(seconds); },
+      py::arg("seconds"),
+      py::call_guard<py::gil_scoped_release>());
 }
