@@ -818,14 +818,21 @@ class ProcessGroup:
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
         return self.transport.send_here(peer, (self.gid, P2P, tag), byte_view(arr), fp) is not None
 
-    def recv_here(
-        self, tensor: Any, src: int | None, tag: int, budget: float | None
-    ) -> asyncio.Future[int] | None:
+    def recv_here(self, tensor: Any, src: int | None, tag: int, budget: float) -> asyncio.Future[int] | None:
         """A receive done on the calling thread, waiting for its message as the transport's
-        ``recv_here`` does (``budget`` None: a non-blocking one, only where it has come): its
-        future (done; or matched and still arriving, which ``follow_recv`` then tracks on the
-        loop); None where nothing was posted and it must go the loop's way (``recv``). Raises
-        what ``recv`` raises for bad arguments."""
+        ``recv_here`` does: its future (done; or matched and still arriving, which
+        ``follow_recv`` then tracks on the loop); None where nothing was posted and it must go
+        the loop's way (``recv``). Raises what ``recv`` raises for bad arguments."""
+        args = self._recv_args_here(tensor, src, tag)
+        return None if args is None else self.transport.recv_here(*args, budget)
+
+    def _recv_args_here(
+        self, tensor: Any, src: int | None, tag: int
+    ) -> tuple[int, Key, memoryview, Fingerprint] | None:
+        """The checked sender, key, buffer and fingerprint of a receive from ``src`` into
+        ``tensor`` that the calling thread may post itself; None where it must go the loop's
+        way (any source, torch's engine, a tensor to stage). Raises what ``recv`` raises for
+        bad arguments."""
         runs_on = self.runs_on
         if src is None or runs_on.own_ops is not None or not runs_on.direct(tensor):
             return None
@@ -833,7 +840,7 @@ class ProcessGroup:
         assert peer is not None
         arr = _tensors.as_array(tensor, arg="tensor", writable=True)
         fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
-        return self.transport.recv_here(peer, (self.gid, P2P, tag), byte_view(arr), fp, budget)
+        return peer, (self.gid, P2P, tag), byte_view(arr), fp
 
     def outcome_here(self, fut: asyncio.Future[int], src: int, tag: int) -> int:
         """The sender of a receive done on the calling thread (``recv_here``), or its error: a
@@ -861,19 +868,15 @@ class ProcessGroup:
         fail it) with no callback on its future, for ``wait_here_recv`` to wait for on this
         thread or ``follow_here`` on the loop. None where nothing was posted and it must go
         the loop's way (``irecv``). Raises what ``irecv`` raises for bad arguments."""
-        runs_on = self.runs_on
-        if src is None or runs_on.own_ops is not None or not runs_on.direct(tensor):
+        args = self._recv_args_here(tensor, src, tag)
+        if args is None:
             return None
-        peer, tag = self.p2p_args("recv", src, tag)
-        assert peer is not None
-        arr = _tensors.as_array(tensor, arg="tensor", writable=True)
-        fp: Fingerprint = ["send", dtype_name(arr.dtype), arr.size]
-        key = (self.gid, P2P, tag)
+        peer, key, buf, fp = args
         transport = self.transport
-        fut = transport.post_here(peer, key, byte_view(arr), fp)
+        fut = transport.post_here(peer, key, buf, fp)
         if fut is None or transport.wait_here(peer, key, fut, None):
             return fut
-        op = InFlight(self.recv_name(peer, tag), key)
+        op = InFlight(self.recv_name(peer, key[2]), key)
         op.future = fut
         op.peer = peer
         op.cleanup = functools.partial(transport.cancel_recv, fut)

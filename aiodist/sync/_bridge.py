@@ -225,22 +225,6 @@ def isend_here(tensor: Any, dst: int, group: Any, tag: int) -> Work | None:
     return Work.completed(lt.loop, f"send to rank {dst} (tag {tag})")
 
 
-def _received_here(
-    tensor: Any, src: int, group: Any, tag: int, budget: float | None
-) -> tuple[ProcessGroup, asyncio.Future[int]] | None:
-    """A receive done on this thread where it can be (``ProcessGroup.recv_here``): its group
-    and future (done; or matched by the loop's thread to a message still arriving, for
-    ``follow_recv`` to track there); None: nothing was posted, it goes the loop's way."""
-    if _here_thread() is None:
-        return None
-    g = resolve_group(group)
-    try:
-        fut = g.recv_here(tensor, src, tag, budget)
-    except NotContiguousError:
-        return None
-    return None if fut is None else (g, fut)
-
-
 def irecv_here(tensor: Any, src: int, group: Any, tag: int) -> Work | None:
     """A non-blocking ``irecv`` posted on this thread (``ProcessGroup.irecv_here``): its Work,
     done where its message had come, else one whose ``wait()`` takes the message on the
@@ -333,10 +317,15 @@ def recv_here(tensor: Any, src: int, group: Any, tag: int) -> tuple[bool, Any]:
     """A blocking ``recv`` done on this thread where it can be, waiting for its message as the
     transport's ``wait_here`` does: ``(True, sender)``, or ``(False, None)``: it goes the
     loop's way. Raises the receive's error."""
-    got = _received_here(tensor, src, group, tag, _busy_poll.budget())
-    if got is None:
+    if _here_thread() is None:
         return False, None
-    g, fut = got
+    g = resolve_group(group)
+    try:
+        fut = g.recv_here(tensor, src, tag, _busy_poll.budget())
+    except NotContiguousError:
+        return False, None  # (the loop's way copies it)
+    if fut is None:
+        return False, None
     if fut.done():
         return True, g.outcome_here(fut, src, tag)
     return True, call(lambda: g.follow_recv(fut, src, tag), False)

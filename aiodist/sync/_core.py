@@ -626,7 +626,7 @@ def irecv(
         The ``Work``, at once; once done, its ``source_rank()`` is the sender's global rank.
     """
     if src is not None and not profiling() and (got := irecv_here(tensor, src, group, tag)) is not None:
-        return got  # (on this thread, done: a small message from a peer of this host, come already)
+        return got  # (posted on this thread: a small message from a peer of this host)
     start = functools.partial(_p2p.irecv, src=src, group=group, tag=tag)
     name = "recvAnySource" if src is None else "recv"  # gloo's record names
     return _start_nonblocking(name, "recv", start, tensor, src, group, tag)

@@ -211,12 +211,11 @@ class Transport(ABC):
         return None
 
     def recv_here(
-        self, src: int, key: Key, buf: memoryview, fp: Fingerprint | None, budget: float | None
+        self, src: int, key: Key, buf: memoryview, fp: Fingerprint | None, budget: float
     ) -> asyncio.Future[int] | None:
-        """Receive on this thread, waiting ``budget`` s at most (None: not at all, the message
-        must be here already): the receive's future (done, or matched and still arriving: to
-        be tracked on the loop's thread), or None where it must go the loop's way (nothing
-        posted then)."""
+        """Receive on this thread, waiting ``budget`` s at most (then a while asleep): the
+        receive's future (done, or matched and still arriving: to be tracked on the loop's
+        thread), or None where it must go the loop's way (nothing posted then)."""
         return None
 
     def post_here(

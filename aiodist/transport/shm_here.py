@@ -8,10 +8,10 @@ and sleeps until the loop wakes it, two thread switches that cost more than the 
 * a send writes its record into the ring itself (``_shm_eager.write_eager``) when nothing of
   this link is queued or being written by the loop's thread, and rings the peer's doorbell;
 * a receive posts itself in line for its key (``post_mine``), then takes its message from
-  the front of the ring once it is first in line (``take_mine``), spinning with the GIL released for the poll
-  budget (``Ring.wait_pending``) while it waits, then sleeping until the writer wakes it
-  (``Ring.sleep_pending``, up to ``SLEEP``), its "polling" flag raised so that the writer
-  need not ring. The loop's thread may fill it meanwhile (a wake-up it got anyway); if neither
+  the front of the ring once it is first in line (``take_mine``), spinning with the GIL
+  released for the poll budget (``Ring.wait_pending``) while it waits, then sleeping until the
+  writer wakes it (``Ring.sleep_pending``, up to ``SLEEP``), its "polling" flag raised so that
+  the writer need not ring. The loop's thread may fill it meanwhile (a wake-up it got anyway); if neither
   has by then, the receive is taken back (``withdraw_mine``) and the operation goes
   the loop's way, from the start, with its timeout and everything else; one that the loop's
   thread matched meanwhile to a message still arriving is handed to the loop's thread to be
@@ -87,11 +87,10 @@ def send_here(
 
 
 def recv_here(
-    paths: ShmPaths, peer: int, key: Key, buf: memoryview, fp: Fingerprint | None, budget: float | None
+    paths: ShmPaths, peer: int, key: Key, buf: memoryview, fp: Fingerprint | None, budget: float
 ) -> asyncio.Future[int] | None:
     """Receive ``peer``'s message into ``buf`` on this thread, waiting for it as ``wait_here``
-    does (``budget`` None: only where it has come, without waiting: a non-blocking ``irecv``):
-    the receive's future, done (its result the sender, or its error: a mismatch the loop's
+    does: the receive's future, done (its result the sender, or its error: a mismatch the loop's
     thread found, ``peer`` lost), or still pending where the loop's thread matched it to a
     message that is still arriving (the caller has it tracked there, as any receive); None
     where nothing was posted and the receive must go the loop's way."""
@@ -108,8 +107,8 @@ def post_here(
     paths: ShmPaths, peer: int, key: Key, buf: memoryview, fp: Fingerprint | None
 ) -> asyncio.Future[int] | None:
     """Post a receive of ``peer``'s message into ``buf`` from this thread, in line for ``key``
-    behind those posted before it: its future (done at once where the message was held here); None where nothing was
-    posted and the receive must go the loop's way."""
+    behind those posted before it: its future (done at once where the message was held here);
+    None where nothing was posted and the receive must go the loop's way."""
     native = compiled("aiodist.transport._shm_eager")
     link = paths.links.get(peer)
     if (
@@ -148,8 +147,8 @@ def wait_here(paths: ShmPaths, peer: int, key: Key, fut: asyncio.Future[int], bu
         return (not link.draining and _take(paths, link, native, inp, peer, key, fut)) or fut.done()
     out = link.out
     now = time.monotonic()
-    until = now + (budget or 0.0)
-    wake_by = until + SLEEP if budget is not None and out is not None and inp.can_sleep else until
+    until = now + budget
+    wake_by = until + SLEEP if out is not None and inp.can_sleep else until
     flagged = False
     second_look = False
     try:

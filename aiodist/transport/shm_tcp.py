@@ -107,7 +107,7 @@ class ShmTcpTransport(TcpTransport):
         return shm_here.send_here(self._shm, dst, key, payload, fp)
 
     def recv_here(
-        self, src: int, key: Key, buf: memoryview, fp: Fingerprint | None, budget: float | None
+        self, src: int, key: Key, buf: memoryview, fp: Fingerprint | None, budget: float
     ) -> asyncio.Future[int] | None:
         if src not in self._peers or self._closing:
             return None
